@@ -1,0 +1,3 @@
+from attntrace.cli import main
+
+main()

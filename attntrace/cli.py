@@ -1,0 +1,145 @@
+"""Command line: parses options and calls the library. Exit codes: 0 clean, 1 findings at or above
+--fail-on (or a regression for diff), 2 bad usage or an unreadable input."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from attntrace import __version__
+from attntrace.loading import InputError, load, map_inputs
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _emit(text: str | bytes, output: str | None) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    if output in (None, "-"):
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    try:
+        Path(output).write_bytes(data)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: cannot write output ({exc.strerror or exc})") from exc
+
+
+def _error(line: str) -> None:
+    click.echo(f"error: {line}", err=True)
+
+
+class _Group(click.Group):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # click's own usage errors already exit 2; ClickException defaults to 1, which means "findings" here.
+        click.ClickException.exit_code = EXIT_ERROR
+        return super().main(*args, **kwargs)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="attntrace")
+def main() -> None:
+    """Capture and lint PyTorch profiler traces of attention."""
+
+
+# --- summary --------------------------------------------------------------------------------------
+def _summarize_path(path: str) -> dict[str, Any]:
+    from attntrace.summary import summarize
+
+    trace = load(path)
+    return {"path": path, **summarize(trace)}
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output", "-o", help="Write the report to this file instead of stdout.")
+@click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
+              help="Traces read in parallel.")
+def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int) -> None:
+    """Per-trace and per-step numbers: GPU busy, CPU time, kernels, copies, launches, top kernels,
+    tensor-core share of GEMM time, attention backends."""
+    from attntrace.formats import summary_table
+
+    results = list(map_inputs(list(paths), _summarize_path, jobs))
+    errors = [r for r in results if isinstance(r, InputError)]
+    for err in errors:
+        _error(err.line())
+    ok = [r for r in results if not isinstance(r, InputError)]
+    if fmt == "json":
+        doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
+        _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output)
+    else:
+        _emit("\n\n".join(summary_table(s) for s in ok) + ("\n" if ok else ""), output)
+    sys.exit(EXIT_ERROR if errors else EXIT_OK)
+
+
+# --- run ------------------------------------------------------------------------------------------
+def _variant_list(value: str) -> tuple[str, ...]:
+    from attntrace.capture.variants import VARIANTS
+
+    if value == "all":
+        return tuple(VARIANTS)
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise click.BadParameter(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    return names
+
+
+@main.command()
+@click.option("--variants", default="all", show_default=True, help="Comma-separated variant names, or all.")
+@click.option("--batch", type=int, default=None, help="[default: 4 on cuda, 1 on cpu]")
+@click.option("--heads", type=int, default=None, help="[default: 16 on cuda, 2 on cpu]")
+@click.option("--seq", type=int, default=None, help="[default: 2048 on cuda, 128 on cpu]")
+@click.option("--head-dim", type=int, default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--backward", is_flag=True, help="Profile forward plus backward.")
+@click.option("--steps", type=int, default=3, show_default=True, help="Profiled steps (one call each).")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Calls before timing (compiles too).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="attntrace-out", show_default=True)
+@click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def run(variants: str, batch: int | None, heads: int | None, seq: int | None, head_dim: int, dtype: str,
+        causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
+        fmt: str) -> None:
+    """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]')."""
+    try:
+        from attntrace.capture import runner
+        from attntrace.capture.variants import Shape
+    except ImportError as exc:
+        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    from attntrace.compare import analyse_run
+
+    small = device == "cpu"
+    shape = Shape(batch or (1 if small else 4), heads or (2 if small else 16), seq or (128 if small else 2048),
+                  head_dim)
+    if min(shape.batch, shape.heads, shape.seq, shape.head_dim, steps) < 1 or warmup < 0:
+        raise click.BadParameter("sizes and --steps must be positive, --warmup non-negative")
+    config = runner.RunConfig(_variant_list(variants), shape, dtype, causal, backward, steps, warmup, device,
+                              Path(out_dir))
+    try:
+        meta, results = runner.run(config, progress=lambda line: click.echo(line, err=True))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    report = analyse_run(meta, results, lint=not no_lint)
+    Path(out_dir, "run.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    if fmt == "json":
+        _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", None)
+    else:
+        from attntrace.compare import render
+
+        env = meta["environment"]
+        click.echo(f"{env.get('gpu') or env.get('cpu')} | torch {env['torch']} | {dtype} | "
+                   f"B={shape.batch} H={shape.heads} S={shape.seq} D={head_dim} | "
+                   f"{'causal' if causal else 'full'} | {'fwd+bwd' if backward else 'fwd'}")
+        click.echo(render(report["table"]))
+        click.echo(f"traces and run.json in {out_dir}")
+    failed = any(r.status == "failed" for r in results)
+    sys.exit(EXIT_FINDINGS if failed else EXIT_OK)

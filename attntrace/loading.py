@@ -1,0 +1,63 @@
+"""Turn the paths a user gave into analysed traces or one-line errors, keeping their order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from attntrace import model, reader
+from attntrace.reader import TraceError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class InputError:
+    path: str
+    kind: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def load(path: str, max_bytes: int = reader.DEFAULT_MAX_BYTES) -> model.Trace:
+    return model.build(reader.read(path, max_bytes))
+
+
+def guarded(path: str, work: Callable[[str], T]) -> T | InputError:
+    """Run `work` on one input; any failure becomes a one-line error for that input alone."""
+    try:
+        return work(path)
+    except TraceError as exc:
+        return InputError(path, exc.kind, exc.message)
+    except MemoryError:
+        return InputError(path, "too-large", "out of memory while reading; raise the memory or split the trace")
+    except RecursionError:
+        return InputError(path, "not-a-trace", "JSON nested too deeply")
+    except Exception as exc:  # a bug in attntrace must not hide the other inputs' results
+        return InputError(path, "internal", f"internal error ({type(exc).__name__}: {exc}); please report it")
+
+
+def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
+    path, work = args
+    return guarded(path, work)
+
+
+def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1) -> Iterator[T | InputError]:
+    """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time."""
+    found = list(reader.discover(paths))
+    todo = [p for p in found if isinstance(p, str)]
+    if jobs > 1 and len(todo) > 1 and "-" not in todo:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            done = dict(zip(todo, pool.map(_call, [(p, work) for p in todo]), strict=True))
+    else:
+        done = {p: guarded(p, work) for p in todo}
+    for item in found:
+        if isinstance(item, TraceError):
+            path, _, message = item.message.partition(": ")
+            yield InputError(path, item.kind, message)
+        else:
+            yield done[item]

@@ -1,0 +1,365 @@
+"""The trace as polars tables plus metadata: CPU ops with their tree, launch calls, GPU activity, steps,
+and the links between them (CPU op -> launch -> kernel/memcpy/memset).
+
+Events are split by kind with column extraction at C speed (attrgetter over the decoded structs), so the
+model costs little beyond the decode itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from attntrace import taxonomy
+from attntrace.reader import Args, Event, RawTrace, decode_raw
+
+# Categories by kind, current and older spellings (TRACE_FORMAT.md).
+CPU_OP_CATS = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "user_annotation"}
+RUNTIME_CATS = {"cuda_runtime": "runtime", "Runtime": "runtime", "cuda_driver": "driver"}
+GPU_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
+            "gpu_memset": "memset", "Memset": "memset"}
+FLOW_CATS = {"ac2g", "async_cpu_to_gpu", "async", "async_gpu", "fwdbwd"}
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+               "cudaLaunchCooperativeKernel", "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel")
+
+_EMPTY_ARGS = Args()
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    devices: list[dict[str, Any]]
+    flags: dict[str, bool]
+    versions: dict[str, Any]
+    distributed: dict[str, Any] | None
+    dropped_events: int
+    notes: list[str] = field(default_factory=list)
+
+    def device(self, index: int | None) -> dict[str, Any]:
+        """Properties of a GPU by index; the first one when the index is unknown."""
+        for props in self.devices:
+            if props.get("id") == index:
+                return props
+        return self.devices[0] if self.devices else {}
+
+
+def _series(name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
+    try:
+        return pl.Series(name, values, dtype=dtype, strict=False)
+    except (TypeError, pl.exceptions.PolarsError):
+        return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
+
+
+def _ids(name: str, values: list[Any]) -> pl.Series:
+    """pid/tid: integers in most traces, strings ("Spans", "") in some; keep one type per column."""
+    if all(type(v) is int for v in values):
+        return pl.Series(name, values, dtype=pl.Int64)
+    return pl.Series(name, [str(v) for v in values], dtype=pl.String)
+
+
+def _base_columns(events: list[Event]) -> dict[str, pl.Series]:
+    ts = _series("ts", list(map(attrgetter("ts"), events)), pl.Float64)
+    dur = _series("dur", list(map(attrgetter("dur"), events)), pl.Float64).fill_null(0.0).clip(lower_bound=0.0)
+    return {
+        "name": pl.Series("name", list(map(attrgetter("name"), events)), dtype=pl.String),
+        "cat": pl.Series("cat", list(map(attrgetter("cat"), events)), dtype=pl.String),
+        "pid": _ids("pid", list(map(attrgetter("pid"), events))),
+        "tid": _ids("tid", list(map(attrgetter("tid"), events))),
+        "ts": ts,
+        "dur": dur,
+    }
+
+
+def _args_columns(args: list[Args], fields: dict[str, pl.DataType | type[pl.DataType]]) -> dict[str, pl.Series]:
+    return {name: _series(name, list(map(attrgetter(name), args)), dtype) for name, dtype in fields.items()}
+
+
+def _frame(events: list[Event], arg_fields: dict[str, Any]) -> pl.DataFrame:
+    columns = _base_columns(events)
+    args = [e.args or _EMPTY_ARGS for e in events]
+    columns.update(_args_columns(args, arg_fields))
+    frame = pl.DataFrame(columns)
+    if "external_id_old" in frame.columns:
+        frame = frame.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
+            "external_id_old")
+    return frame.with_columns((pl.col("ts") + pl.col("dur")).alias("end")).with_row_index("idx")
+
+
+_ID_FIELDS = {"external_id": pl.Int64, "external_id_old": pl.Int64}
+_GPU_FIELDS = {**_ID_FIELDS, "correlation": pl.Int64, "registers": pl.Int64, "shared_memory": pl.Int64,
+               "blocks_per_sm": pl.Float64, "warps_per_sm": pl.Float64, "occupancy": pl.Float64,
+               "device": pl.Int64, "stream": pl.Int64, "bytes": pl.Int64}
+
+
+def _product(dims: list[int] | None) -> int | None:
+    if not dims or not all(isinstance(d, int) for d in dims):
+        return None
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+@dataclass
+class Trace:
+    path: str
+    size: int
+    meta: TraceMeta
+    ops: pl.DataFrame  # cpu_op and user_annotation: idx, name, cat, pid, tid, ts, dur, end, external_id, ...
+    launches: pl.DataFrame  # runtime and driver calls: ..., correlation, external_id, api_kind, is_launch
+    gpu: pl.DataFrame  # kernels, memcpys, memsets: ..., kind, cls, correlation, launch configuration
+    gpu_annotations: pl.DataFrame
+    syncs: pl.DataFrame  # cuda_sync events on the GPU timeline (a stream or device waiting)
+    flows: pl.DataFrame
+    op_inputs: list[tuple[msgspec.Raw | None, msgspec.Raw | None, msgspec.Raw | None]]
+    python_events: int
+
+    # --- steps ------------------------------------------------------------------------------------
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        """One row per ProfilerStep#N (CPU side), or one row spanning the whole trace when there are none."""
+        marks = (self.ops.filter(pl.col("cat") == "user_annotation")
+                 .with_columns(pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("step"))
+                 .filter(pl.col("step").is_not_null())
+                 .unique("step", keep="first").sort("step")
+                 .select("step", "ts", "end"))
+        if marks.height:
+            return marks
+        starts = [f["ts"].min() for f in (self.ops, self.launches, self.gpu) if f.height]
+        ends = [f["end"].max() for f in (self.ops, self.launches, self.gpu) if f.height]
+        if not starts:
+            return pl.DataFrame({"step": [], "ts": [], "end": []},
+                                schema={"step": pl.Int64, "ts": pl.Float64, "end": pl.Float64})
+        return pl.DataFrame({"step": [-1], "ts": [min(starts)], "end": [max(ends)]})
+
+    @property
+    def has_step_markers(self) -> bool:
+        return bool(self.steps.height) and self.steps["step"][0] != -1
+
+    def _assign_step(self, frame: pl.DataFrame) -> pl.DataFrame:
+        steps = self.steps
+        if not steps.height or not frame.height:
+            return frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+        joined = frame.sort("ts").join_asof(
+            steps.rename({"ts": "step_ts", "end": "step_end"}), left_on="ts", right_on="step_ts",
+            strategy="backward")
+        return (joined.with_columns(
+            pl.when(pl.col("ts") <= pl.col("step_end")).then(pl.col("step")).otherwise(None).alias("step"))
+            .drop("step_ts", "step_end").sort("idx"))
+
+    # --- links ------------------------------------------------------------------------------------
+    @cached_property
+    def launches_linked(self) -> pl.DataFrame:
+        """Launch calls with their step and launching op (innermost CPU op around them on the thread)."""
+        frame = self._assign_step(self.launches)
+        return frame.with_columns(pl.Series("op", self._innermost_ops(frame), dtype=pl.Int64))
+
+    @cached_property
+    def gpu_linked(self) -> pl.DataFrame:
+        """GPU activity with its launch (by correlation, else by flow), launching op and step.
+
+        A GPU event takes the step of the CPU call that launched it; one with no launch falls back to the
+        step window that its own start time lies in."""
+        launches = self.launches_linked.select(
+            pl.col("idx").alias("launch"), pl.col("correlation"), pl.col("op"),
+            pl.col("step").alias("launch_step"), pl.col("name").alias("launch_api"),
+            pl.col("ts").alias("launch_ts"), pl.col("dur").alias("launch_dur"),
+            pl.col("external_id").alias("launch_external_id"))
+        launches = launches.filter(pl.col("correlation").is_not_null()).unique("correlation", keep="first")
+        gpu = self._correlation_from_flows(self.gpu)
+        linked = gpu.join(launches, on="correlation", how="left")
+        by_time = self._assign_step(linked.drop("launch_step")).select("idx", pl.col("step").alias("time_step"))
+        return (linked.join(by_time, on="idx", how="left")
+                .with_columns(pl.coalesce("launch_step", "time_step").alias("step"))
+                .drop("launch_step", "time_step").sort("idx"))
+
+    def _correlation_from_flows(self, gpu: pl.DataFrame) -> pl.DataFrame:
+        """Older traces link launch and GPU event only by an s/f flow pair: recover the correlation."""
+        if not gpu.height or gpu["correlation"].null_count() == 0 or not self.flows.height:
+            return gpu
+        flows = self.flows.filter(pl.col("cat") != "fwdbwd")
+        starts = flows.filter(pl.col("ph") == "s").select("cat", "id", pl.col("ts").alias("s_ts"),
+                                                           pl.col("tid").cast(pl.String).alias("s_tid"))
+        finishes = flows.filter(pl.col("ph") == "f").select("cat", "id", pl.col("ts").alias("f_ts"),
+                                                             pl.col("tid").cast(pl.String).alias("f_tid"))
+        pairs = starts.join(finishes, on=["cat", "id"])
+        launches = self.launches.select(pl.col("correlation").alias("flow_corr"), pl.col("ts").alias("s_ts"),
+                                        pl.col("tid").cast(pl.String).alias("s_tid"))
+        pairs = pairs.join(launches, on=["s_ts", "s_tid"]).unique(["f_ts", "f_tid"], keep="first")
+        gpu = gpu.with_columns(pl.col("tid").cast(pl.String).alias("f_tid"), pl.col("ts").alias("f_ts"))
+        gpu = gpu.join(pairs.select("f_ts", "f_tid", "flow_corr"), on=["f_ts", "f_tid"], how="left")
+        return gpu.with_columns(pl.coalesce("correlation", "flow_corr").alias("correlation")).drop(
+            "f_ts", "f_tid", "flow_corr").sort("idx")
+
+    # --- op tree ----------------------------------------------------------------------------------
+    @cached_property
+    def op_parent(self) -> list[int | None]:
+        """Parent op index of every op, from time containment on its (pid, tid)."""
+        parent: list[int | None] = [None] * self.ops.height
+        ordered = self.ops.select("idx", "pid", "tid", "ts", "end").with_columns(
+            pl.col("pid").cast(pl.String), pl.col("tid").cast(pl.String)).sort(
+            ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
+        stack: list[tuple[float, int]] = []
+        thread: tuple[str, str] | None = None
+        for idx, pid, tid, ts, end in ordered.iter_rows():
+            if (pid, tid) != thread:
+                stack, thread = [], (pid, tid)
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            # An op that starts inside its parent but overruns it (clock rounding) still nests.
+            parent[idx] = stack[-1][1] if stack else None
+            stack.append((end, idx))
+        return parent
+
+    def _innermost_ops(self, calls: pl.DataFrame) -> list[int | None]:
+        """For each call, the innermost cpu_op/user_annotation containing it on the same thread."""
+        if not calls.height or not self.ops.height:
+            return [None] * calls.height
+        ops = self.ops.select("idx", "pid", "tid", "ts", "end").with_columns(
+            pl.col("pid").cast(pl.String), pl.col("tid").cast(pl.String))
+        keyed = calls.select(pl.col("idx").alias("call"), pl.col("pid").cast(pl.String),
+                             pl.col("tid").cast(pl.String), pl.col("ts").alias("call_ts"),
+                             pl.col("end").alias("call_end"))
+        # The latest-starting op at or before the call on its thread is the innermost candidate; if it
+        # ended before the call, climb its parents until one contains the call.
+        cand = keyed.sort("call_ts").join_asof(
+            ops.sort("ts"), left_on="call_ts", right_on="ts", by=["pid", "tid"], strategy="backward",
+            check_sortedness=False)
+        ends = self.ops["end"].to_list()
+        parent = self.op_parent
+        result: dict[int, int | None] = {}
+        for call, call_ts, op in cand.select("call", "call_ts", "idx").iter_rows():
+            while op is not None and ends[op] < call_ts:
+                op = parent[op]
+            result[call] = op
+        return [result.get(i) for i in calls["idx"].to_list()]
+
+    def op_chain(self, op: int | None, stop_at_step: bool = True) -> list[str]:
+        """Names from the outermost op down to `op`, without ProfilerStep and other user annotations."""
+        names: list[str] = []
+        ops_name = self.op_names
+        while op is not None:
+            name = ops_name[op]
+            if stop_at_step and STEP_NAME.match(name):
+                break
+            names.append(name)
+            op = self.op_parent[op]
+        return names[::-1]
+
+    @cached_property
+    def op_names(self) -> list[str]:
+        return self.ops["name"].to_list()
+
+    def op_input(self, op: int) -> tuple[Any, Any, Any]:
+        """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
+        dims, types, concrete = self.op_inputs[op]
+        return decode_raw(dims), decode_raw(types), decode_raw(concrete)
+
+    @property
+    def has_shapes(self) -> bool:
+        return bool(self.meta.flags.get("record_shapes")) or any(d is not None for d, _, _ in self.op_inputs[:2000])
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu.height > 0
+
+
+def build(raw: RawTrace) -> Trace:
+    doc = raw.document
+    events = doc.traceEvents
+    tax = taxonomy.load()
+
+    buckets: dict[str, list[Event]] = {"ops": [], "runtime": [], "gpu": [], "gpu_ann": [], "sync": [],
+                                       "flow": []}
+    python_events = 0
+    for e in events:
+        cat = e.cat
+        if e.ts is None:
+            continue
+        if e.ph == "X":
+            if cat in CPU_OP_CATS:
+                buckets["ops"].append(e)
+            elif cat in RUNTIME_CATS:
+                buckets["runtime"].append(e)
+            elif cat in GPU_CATS:
+                buckets["gpu"].append(e)
+            elif cat == "gpu_user_annotation":
+                buckets["gpu_ann"].append(e)
+            elif cat == "cuda_sync":
+                buckets["sync"].append(e)
+            elif cat == "python_function":
+                python_events += 1
+        elif cat in FLOW_CATS and e.ph in ("s", "f", "t"):
+            buckets["flow"].append(e)
+
+    ops_events = buckets["ops"]
+    ops = _frame(ops_events, {**_ID_FIELDS, "sequence_number": pl.Int64}).with_columns(
+        pl.col("cat").replace_strict(CPU_OP_CATS, default="cpu_op"))
+    op_inputs = [((a := e.args or _EMPTY_ARGS).input_dims, a.input_types, a.concrete_inputs)
+                 for e in ops_events]
+
+    launches = _frame(buckets["runtime"], {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
+        pl.col("cat").replace_strict(RUNTIME_CATS, default="runtime").alias("api_kind"),
+        pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
+
+    gpu_events = buckets["gpu"]
+    gpu = _frame(gpu_events, _GPU_FIELDS)
+    grid = [_product((e.args or _EMPTY_ARGS).grid) for e in gpu_events]
+    block = [_product((e.args or _EMPTY_ARGS).block) for e in gpu_events]
+    names = gpu["name"].unique().to_list()
+    classes = pl.DataFrame({"name": names, "cls": [tax.classify(n) for n in names]},
+                           schema={"name": pl.String, "cls": pl.String})
+    gpu = gpu.with_columns(
+        pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
+        pl.Series("grid_blocks", grid, dtype=pl.Int64),
+        pl.Series("block_threads", block, dtype=pl.Int64),
+        pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
+    ).join(classes, on="name", how="left").with_columns(
+        pl.when(pl.col("kind") == "kernel").then(pl.col("cls")).otherwise(pl.col("kind")).alias("cls")
+    ).sort("idx")
+
+    flows_events = buckets["flow"]
+    flows = pl.DataFrame({
+        "ph": [e.ph for e in flows_events], "cat": [e.cat for e in flows_events],
+        "id": [None if e.id is None else str(e.id) for e in flows_events],
+        "ts": _series("ts", [e.ts for e in flows_events], pl.Float64),
+        "tid": [str(e.tid) for e in flows_events],
+    }, schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64, "tid": pl.String})
+
+    meta = TraceMeta(
+        devices=list(doc.deviceProperties or []),
+        flags={k: bool(getattr(doc, k)) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops",
+                                                   "with_modules")},
+        versions={k: getattr(doc, k) for k in ("schemaVersion", "cuda_driver_version", "cuda_runtime_version",
+                                               "cupti_version") if getattr(doc, k) is not None},
+        distributed=doc.distributedInfo,
+        dropped_events=raw.dropped_events,
+        notes=list(raw.notes),
+    )
+    return Trace(
+        path=raw.path, size=raw.size, meta=meta, ops=ops, launches=launches, gpu=gpu,
+        gpu_annotations=_frame(buckets["gpu_ann"], {}), syncs=_frame(buckets["sync"], _ID_FIELDS),
+        flows=flows, op_inputs=op_inputs, python_events=python_events,
+    )
+
+
+def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Union of [ts, end) intervals per device (and per `by` group), not their sum: overlapping kernels on
+    several streams count once."""
+    keys = [*by, "device"]
+    if not frame.height:
+        return pl.DataFrame(schema={**{k: frame.schema.get(k, pl.Int64) for k in by}, "busy_us": pl.Float64})
+    merged = (frame.select([*keys, "ts", "end"]).sort([*keys, "ts"])
+              .with_columns(pl.col("end").cum_max().shift(1).over(keys).alias("prev_end"))
+              .with_columns((pl.col("prev_end").is_null() | (pl.col("ts") > pl.col("prev_end")))
+                            .cast(pl.Int64).cum_sum().over(keys).alias("run"))
+              .group_by([*keys, "run"]).agg(pl.col("ts").min(), pl.col("end").max())
+              .with_columns((pl.col("end") - pl.col("ts")).alias("busy_us")))
+    return merged.group_by(by).agg(pl.col("busy_us").sum()).sort(by) if by else merged.select(
+        pl.col("busy_us").sum())

@@ -1,0 +1,298 @@
+"""Read trace files into typed events, fast, decoding only the fields the model uses.
+
+The fast path decodes the whole document with msgspec into structs in one call. A trace whose events
+break the expected types (a string duration, a string External id) is decoded again event by event,
+coercing what can be coerced and counting what cannot, so one odd event does not lose the trace.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+DEFAULT_MAX_BYTES = 16 * 2**30  # decompressed size refused beyond this (see --max-size)
+
+
+class TraceError(Exception):
+    """An input that cannot be analysed; the message is one line and names no file (the caller does)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class Args(msgspec.Struct, gc=False, omit_defaults=True):
+    external_id: int | None = msgspec.field(name="External id", default=None)
+    external_id_old: int | None = msgspec.field(name="external id", default=None)
+    correlation: int | None = None
+    registers: int | None = msgspec.field(name="registers per thread", default=None)
+    shared_memory: int | None = msgspec.field(name="shared memory", default=None)
+    blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
+    warps_per_sm: float | None = msgspec.field(name="warps per SM", default=None)
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    occupancy: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
+    stream: int | None = None
+    device: int | None = None
+    bytes: int | None = None
+    input_dims: msgspec.Raw | None = msgspec.field(name="Input Dims", default=None)
+    input_types: msgspec.Raw | None = msgspec.field(name="Input type", default=None)
+    concrete_inputs: msgspec.Raw | None = msgspec.field(name="Concrete Inputs", default=None)
+    sequence_number: int | None = msgspec.field(name="Sequence number", default=None)
+    python_id: int | None = msgspec.field(name="Python id", default=None)
+    python_parent_id: int | None = msgspec.field(name="Python parent id", default=None)
+    name: str | None = None  # thread_name / process_name metadata
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float | None = None
+    dur: float | None = None
+    id: int | str | None = None
+    args: Args | None = None
+
+
+class Document(msgspec.Struct, gc=False):
+    traceEvents: list[Event]  # noqa: N815 (the file's own key)
+    deviceProperties: list[dict[str, Any]] = []  # noqa: N815, RUF012
+    schemaVersion: int | None = None  # noqa: N815
+    displayTimeUnit: str | None = None  # noqa: N815
+    baseTimeNanoseconds: int | None = None  # noqa: N815
+    record_shapes: int | None = None
+    with_stack: int | None = None
+    profile_memory: int | None = None
+    with_flops: int | None = None
+    with_modules: int | None = None
+    cuda_driver_version: int | None = None
+    cuda_runtime_version: int | None = None
+    cupti_version: int | None = None
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+
+
+@dataclass
+class RawTrace:
+    path: str
+    size: int  # bytes after decompression
+    document: Document
+    dropped_events: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+_EVENTS = msgspec.json.Decoder(list[Event])
+_DOCUMENT = msgspec.json.Decoder(Document)
+_ANY = msgspec.json.Decoder()
+
+
+def discover(paths: list[str]) -> Iterator[str | TraceError]:
+    """Expand directories into their trace files, sorted; yield each input path or why it is unusable."""
+    for given in paths:
+        if given == "-":
+            yield given
+            continue
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(_walk_traces(path))
+            if not found:
+                yield TraceError("not-found", f"{given}: no trace files (*.json, *.json.gz) in this directory")
+            yield from found
+        elif path.exists():
+            yield given
+        else:
+            yield TraceError("not-found", f"{given}: no such file or directory")
+
+
+def _walk_traces(root: Path) -> Iterator[str]:
+    # followlinks=False: a symlink loop cannot trap the walk.
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in files:
+            if name.endswith(TRACE_SUFFIXES):
+                yield os.path.join(folder, name)
+
+
+def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The file's bytes, gunzipped when they are gzip, refusing more than max_bytes decompressed."""
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
+    except IsADirectoryError as exc:
+        raise TraceError("unreadable", "is a directory") from exc
+    except OSError as exc:
+        raise TraceError("unreadable", exc.strerror or str(exc)) from exc
+    if data[:2] == b"\x1f\x8b":
+        return _gunzip(data, max_bytes)
+    if len(data) > max_bytes:
+        raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
+    return data
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory.
+    out = io.BytesIO()
+    decomp = zlib.decompressobj(wbits=47)
+    pending = data
+    try:
+        while pending:
+            chunk = decomp.decompress(pending, 1 << 24)
+            out.write(chunk)
+            if out.tell() > max_bytes:
+                raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
+            pending = decomp.unconsumed_tail
+            if decomp.eof and decomp.unused_data:
+                # A second gzip member follows (concatenated gzip files are valid gzip).
+                pending = decomp.unused_data
+                decomp = zlib.decompressobj(wbits=47)
+        if not decomp.eof:
+            raise TraceError("truncated", "gzip stream is cut off")
+    except zlib.error as exc:
+        raise TraceError("bad-gzip", f"not a valid gzip stream ({exc})") from exc
+    return out.getvalue()
+
+
+def decode(path: str, data: bytes) -> RawTrace:
+    """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    stripped = data.lstrip()
+    if not stripped:
+        raise TraceError("empty", "file is empty")
+    head = stripped[:1]
+    try:
+        if head == b"[":
+            return RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data)))
+        if head == b"{":
+            return RawTrace(path, len(data), _DOCUMENT.decode(data))
+    except msgspec.ValidationError:
+        return _decode_tolerant(path, data)
+    except msgspec.DecodeError as exc:
+        return _decode_nonstandard(path, data, exc)
+    raise TraceError("not-json", f"not a JSON object or list (starts with {stripped[:12]!r})")
+
+
+def _decode_tolerant(path: str, data: bytes) -> RawTrace:
+    try:
+        document = _ANY.decode(data)
+    except msgspec.DecodeError as exc:
+        raise TraceError("not-json", _json_problem(exc)) from exc
+    return _from_builtins(path, len(data), document)
+
+
+def _decode_nonstandard(path: str, data: bytes, exc: msgspec.DecodeError) -> RawTrace:
+    """Python's json accepts NaN and Infinity, which some writers emit; anything else is refused."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        raise TraceError("not-json", _json_problem(exc)) from exc
+    return _from_builtins(path, len(data), document)
+
+
+def _json_problem(exc: Exception) -> str:
+    text = str(exc)
+    if "truncated" in text:
+        return f"JSON is cut off ({text})"
+    return f"not valid JSON ({text})"
+
+
+def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
+    if isinstance(document, list):
+        events, meta = document, {}
+    elif isinstance(document, dict):
+        if "traceEvents" not in document:
+            raise TraceError("not-a-trace", _what_is_it(document))
+        events, meta = document["traceEvents"], document
+    else:
+        raise TraceError("not-a-trace", f"JSON {type(document).__name__} is not a trace")
+    if not isinstance(events, list):
+        raise TraceError("not-a-trace", f"traceEvents is a {type(events).__name__}, not a list")
+    kept: list[Event] = []
+    dropped = 0
+    for item in events:
+        event = _coerce_event(item)
+        if event is None:
+            dropped += 1
+        else:
+            kept.append(event)
+    meta = {k: v for k, v in meta.items() if k != "traceEvents"}
+    try:
+        doc = msgspec.convert({**meta, "traceEvents": []}, Document, strict=False)
+    except msgspec.ValidationError:
+        doc = Document(traceEvents=[])
+    doc.traceEvents = kept
+    notes = [f"{dropped} malformed events ignored"] if dropped else []
+    return RawTrace(path, size, doc, dropped, notes)
+
+
+def _coerce_event(item: Any) -> Event | None:
+    if not isinstance(item, dict):
+        return None
+    try:
+        event = msgspec.convert(item, Event, strict=False)
+    except msgspec.ValidationError:
+        args = item.get("args")
+        clean = {k: v for k, v in item.items() if k != "args"}
+        try:
+            event = msgspec.convert(clean, Event, strict=False)
+        except msgspec.ValidationError:
+            return None
+        if isinstance(args, dict):
+            event.args = _coerce_args(args)
+    for name in ("ts", "dur"):
+        value = getattr(event, name)
+        if value is not None and not math.isfinite(value):
+            setattr(event, name, None)
+    return event
+
+
+def _coerce_args(args: dict[str, Any]) -> Args:
+    fields: dict[str, Any] = {}
+    for key, value in args.items():
+        try:
+            msgspec.convert({key: value}, Args, strict=False)
+        except msgspec.ValidationError:
+            continue
+        fields[key] = value
+    return msgspec.convert(fields, Args, strict=False)
+
+
+def _what_is_it(document: dict[str, Any]) -> str:
+    keys = set(document)
+    if {"nodes", "schema"} & keys or "pid" in keys and "nodes" in keys:
+        return "PyTorch execution trace (ET), not a Kineto profiler trace; it has no traceEvents"
+    if "segments" in keys or "device_traces" in keys:
+        return "memory snapshot, not a Kineto profiler trace; it has no traceEvents"
+    shown = ", ".join(sorted(keys)[:5]) or "none"
+    return f"JSON object without traceEvents (keys: {shown})"
+
+
+def read(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RawTrace:
+    return decode(path, load_bytes(path, max_bytes))
+
+
+def decode_raw(raw: msgspec.Raw | None) -> Any:
+    """Decode a field kept raw (shapes, types), or None when it is absent or malformed."""
+    if raw is None:
+        return None
+    try:
+        return _ANY.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
