@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
         meta, results = runner.run(config, progress=lambda line: click.echo(line, err=True))
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
-    report = analyse_run(meta, results, lint=not no_lint)
+    report = analyse_run(meta, [asdict(r) for r in results], lint=not no_lint)
     Path(out_dir, "run.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     if fmt == "json":
         _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", None)

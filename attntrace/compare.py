@@ -79,19 +79,19 @@ def render(rows: list[dict[str, Any]]) -> str:
     return tabulate(body, headers=list(HEADERS.values()), tablefmt="simple", disable_numparse=True)
 
 
-def analyse_run(meta: dict[str, Any], results: list[Any], lint: bool) -> dict[str, Any]:
-    """run.json: the config, the environment, each variant's result with numbers read back from its trace,
-    and the comparison table."""
-    from dataclasses import asdict
+def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool) -> dict[str, Any]:
+    """run.json: the config, the environment, each variant's result with numbers read back from its trace
+    (a path relative to the run's output directory), and the comparison table."""
+    from pathlib import Path
 
     from attntrace.loading import load
     from attntrace.summary import step_means, summarize
 
     variants = []
     for result in results:
-        entry = asdict(result)
-        if result.trace:
-            trace = load(result.trace)
+        entry = dict(result)
+        if entry.get("trace"):
+            trace = load(str(Path(meta["config"]["out_dir"]) / entry["trace"]))
             summary = summarize(trace)
             means = step_means(summary)
             entry["numbers"] = {

@@ -164,8 +164,9 @@ class Trace:
     def gpu_linked(self) -> pl.DataFrame:
         """GPU activity with its launch (by correlation, else by flow), launching op and step.
 
-        A GPU event takes the step of the CPU call that launched it; one with no launch falls back to the
-        step window that its own start time lies in."""
+        A GPU event takes the step of the CPU call that launched it. One with no recorded launch (work
+        queued before profiling began, or a dropped launch) takes the GPU-side ProfilerStep window that it
+        starts in; only a trace with no launch links at all falls back to the CPU step windows."""
         launches = self.launches_linked.select(
             pl.col("idx").alias("launch"), pl.col("correlation"), pl.col("op"),
             pl.col("step").alias("launch_step"), pl.col("name").alias("launch_api"),
@@ -174,10 +175,25 @@ class Trace:
         launches = launches.filter(pl.col("correlation").is_not_null()).unique("correlation", keep="first")
         gpu = self._correlation_from_flows(self.gpu)
         linked = gpu.join(launches, on="correlation", how="left")
-        by_time = self._assign_step(linked.drop("launch_step")).select("idx", pl.col("step").alias("time_step"))
+        if linked["launch"].is_not_null().any():
+            by_time = self._gpu_step_windows(linked)
+        else:
+            by_time = self._assign_step(linked.drop("launch_step")).select("idx", pl.col("step").alias("time_step"))
         return (linked.join(by_time, on="idx", how="left")
                 .with_columns(pl.coalesce("launch_step", "time_step").alias("step"))
                 .drop("launch_step", "time_step").sort("idx"))
+
+    def _gpu_step_windows(self, gpu: pl.DataFrame) -> pl.DataFrame:
+        marks = (self.gpu_annotations
+                 .with_columns(pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("time_step"))
+                 .filter(pl.col("time_step").is_not_null())
+                 .select("time_step", pl.col("ts").alias("w_ts"), pl.col("end").alias("w_end")).sort("w_ts"))
+        if not marks.height or not gpu.height:
+            return gpu.select("idx", pl.lit(None, dtype=pl.Int64).alias("time_step"))
+        joined = gpu.select("idx", "ts").sort("ts").join_asof(marks, left_on="ts", right_on="w_ts",
+                                                              strategy="backward")
+        return joined.select("idx", pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("time_step"))
+                             .alias("time_step"))
 
     def _correlation_from_flows(self, gpu: pl.DataFrame) -> pl.DataFrame:
         """Older traces link launch and GPU event only by an s/f flow pair: recover the correlation."""

@@ -33,6 +33,9 @@ class TraceError(Exception):
         self.message = message
 
 
+NO_VALUE = msgspec.Raw()  # an args field kept raw that the event does not have
+
+
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
     external_id: int | None = msgspec.field(name="External id", default=None)
     external_id_old: int | None = msgspec.field(name="external id", default=None)
@@ -47,9 +50,9 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     stream: int | None = None
     device: int | None = None
     bytes: int | None = None
-    input_dims: msgspec.Raw | None = msgspec.field(name="Input Dims", default=None)
-    input_types: msgspec.Raw | None = msgspec.field(name="Input type", default=None)
-    concrete_inputs: msgspec.Raw | None = msgspec.field(name="Concrete Inputs", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_VALUE)
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_VALUE)
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_VALUE)
     sequence_number: int | None = msgspec.field(name="Sequence number", default=None)
     python_id: int | None = msgspec.field(name="Python id", default=None)
     python_parent_id: int | None = msgspec.field(name="Python parent id", default=None)
@@ -241,20 +244,18 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     return RawTrace(path, size, doc, dropped, notes)
 
 
+_RAW_FIELDS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs"}
+
+
 def _coerce_event(item: Any) -> Event | None:
     if not isinstance(item, dict):
         return None
     try:
-        event = msgspec.convert(item, Event, strict=False)
+        event = msgspec.convert({k: v for k, v in item.items() if k != "args"}, Event, strict=False)
     except msgspec.ValidationError:
-        args = item.get("args")
-        clean = {k: v for k, v in item.items() if k != "args"}
-        try:
-            event = msgspec.convert(clean, Event, strict=False)
-        except msgspec.ValidationError:
-            return None
-        if isinstance(args, dict):
-            event.args = _coerce_args(args)
+        return None
+    if isinstance(item.get("args"), dict):
+        event.args = _coerce_args(item["args"])
     for name in ("ts", "dur"):
         value = getattr(event, name)
         if value is not None and not math.isfinite(value):
@@ -263,14 +264,21 @@ def _coerce_event(item: Any) -> Event | None:
 
 
 def _coerce_args(args: dict[str, Any]) -> Args:
+    """Keep each field that converts; drop the ones that don't, rather than the whole event."""
     fields: dict[str, Any] = {}
     for key, value in args.items():
+        if key in _RAW_FIELDS:
+            continue
         try:
             msgspec.convert({key: value}, Args, strict=False)
         except msgspec.ValidationError:
             continue
         fields[key] = value
-    return msgspec.convert(fields, Args, strict=False)
+    out = msgspec.convert(fields, Args, strict=False)
+    for key, attr in _RAW_FIELDS.items():
+        if key in args:
+            setattr(out, attr, msgspec.Raw(msgspec.json.encode(args[key])))
+    return out
 
 
 def _what_is_it(document: dict[str, Any]) -> str:
@@ -287,9 +295,9 @@ def read(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RawTrace:
     return decode(path, load_bytes(path, max_bytes))
 
 
-def decode_raw(raw: msgspec.Raw | None) -> Any:
+def decode_raw(raw: msgspec.Raw) -> Any:
     """Decode a field kept raw (shapes, types), or None when it is absent or malformed."""
-    if raw is None:
+    if not raw:
         return None
     try:
         return _ANY.decode(raw)

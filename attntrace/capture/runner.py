@@ -194,7 +194,7 @@ def run_variant(variant: Variant, config: RunConfig, device: torch.device) -> Va
     trace_path = config.out_dir / f"{variant.name}.pt.trace.json.gz"
     profile_steps(step, config.steps, trace_path)
     result.status = "ok"
-    result.trace = str(trace_path)
+    result.trace = trace_path.name  # relative to the output directory, which may move
     return result
 
 
