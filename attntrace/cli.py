@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +144,98 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
         click.echo(f"traces and run.json in {out_dir}")
     failed = any(r.status == "failed" for r in results)
     sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
+
+
+# --- lint -----------------------------------------------------------------------------------------
+def _settings(select: str | None, ignore: str | None, sets: tuple[str, ...], fail_on: str | None,
+              config_path: str | None) -> Any:
+    from attntrace import config
+    from attntrace.catalog import RuleFileError, load_rules
+
+    try:
+        rules = load_rules()
+        if config_path:
+            source = config_path
+            file_config = config.read_config_file(Path(config_path))
+        else:
+            found = config.find_pyproject(Path.cwd())
+            source = str(found) if found else "defaults"
+            file_config = config.read_config_file(found) if found else {}
+        return config.build(rules, file_config, source, _split(select), _split(ignore), list(sets), fail_on)
+    except (RuleFileError, config.ConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--output", "-o", help="Write the report to this file instead of stdout.")
+@click.option("--select", help="Comma-separated rule ids, names or prefixes to run (default: all).")
+@click.option("--ignore", help="Comma-separated rule ids, names or prefixes to skip.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None,
+              help="Exit 1 when a finding is at or above this severity.  [default: warning]")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A TOML file of settings.")
+@click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
+@click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
+              help="Traces linted in parallel.")
+def lint(paths: tuple[str, ...], fmt: str, output: str | None, select: str | None, ignore: str | None,
+         fail_on: str | None, config_path: str | None, sets: tuple[str, ...], jobs: int) -> None:
+    """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
+    from attntrace import lint as engine
+
+    settings = _settings(select, ignore, sets, fail_on, config_path)
+    report = engine.run(list(paths), settings, jobs)
+    for trace in report["traces"]:
+        if trace["error"]:
+            _error(f"{trace['path']}: {trace['error']['message']}")
+    if fmt == "json":
+        _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", output)
+    else:
+        from attntrace.formats.text import render
+
+        colour = output in (None, "-") and sys.stdout.isatty()
+        _emit(render(report, colour), output)
+    sys.exit(engine.exit_code(report, settings.fail_on))
+
+
+@main.command()
+def rules() -> None:
+    """List the rule catalogue."""
+    from tabulate import tabulate
+
+    from attntrace.catalog import RuleFileError, load_rules
+
+    try:
+        catalogue = load_rules()
+    except RuleFileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    rows = [[r.id, r.name, r.severity, r.summary] for r in catalogue.values()]
+    click.echo(tabulate(rows, headers=["id", "name", "severity", "detects"], tablefmt="simple"))
+
+
+@main.command()
+@click.argument("rule")
+def explain(rule: str) -> None:
+    """Print one rule's documentation and parameters (by id or name)."""
+    from attntrace.catalog import RuleFileError, load_rules, resolve
+
+    try:
+        catalogue = load_rules()
+        hits = resolve(rule, catalogue)
+    except (RuleFileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if len(hits) != 1:
+        raise click.ClickException(f"{rule!r} matches {', '.join(hits)}; name one rule")
+    r = catalogue[hits[0]]
+    lines = [f"{r.id} {r.name} (default severity: {r.severity})", "", r.summary, ""]
+    for title, key in (("What it detects", "what"), ("Why it is slow", "why"), ("Example", "example"),
+                       ("Fix", "fix")):
+        lines += [f"## {title}", r.docs[key], ""]
+    if r.parameters:
+        lines.append("## Parameters (set with --set RULE.param=VALUE or [tool.attntrace.rules.RULE])")
+        lines += [f"- {p.name} = {p.default!r} {p.unit}: {p.description}" for p in r.parameters.values()]
+    click.echo("\n".join(lines))

@@ -256,17 +256,26 @@ class Trace:
             result[call] = op
         return [result.get(i) for i in calls["idx"].to_list()]
 
-    def op_chain(self, op: int | None, stop_at_step: bool = True) -> list[str]:
-        """Names from the outermost op down to `op`, without ProfilerStep and other user annotations."""
-        names: list[str] = []
-        ops_name = self.op_names
+    def op_ancestors(self, op: int | None, stop_at_step: bool = True) -> list[int]:
+        """Op indices from the outermost op down to `op`, without ProfilerStep annotations."""
+        chain: list[int] = []
+        names = self.op_names
         while op is not None:
-            name = ops_name[op]
-            if stop_at_step and STEP_NAME.match(name):
+            if stop_at_step and STEP_NAME.match(names[op]):
                 break
-            names.append(name)
+            chain.append(op)
             op = self.op_parent[op]
-        return names[::-1]
+        return chain[::-1]
+
+    def op_chain(self, op: int | None) -> list[str]:
+        """Names from the outermost op down to `op`, e.g. aten::masked_fill > aten::clone > aten::copy_."""
+        names = self.op_names
+        return [names[i] for i in self.op_ancestors(op)]
+
+    @cached_property
+    def ops_stepped(self) -> pl.DataFrame:
+        """The ops with the step they start in."""
+        return self._assign_step(self.ops)
 
     @cached_property
     def op_names(self) -> list[str]:

@@ -72,11 +72,11 @@ class Event(msgspec.Struct, gc=False):
 
 
 class Document(msgspec.Struct, gc=False):
-    traceEvents: list[Event]  # noqa: N815 (the file's own key)
-    deviceProperties: list[dict[str, Any]] = []  # noqa: N815, RUF012
-    schemaVersion: int | None = None  # noqa: N815
-    displayTimeUnit: str | None = None  # noqa: N815
-    baseTimeNanoseconds: int | None = None  # noqa: N815
+    traceEvents: list[Event]
+    deviceProperties: list[dict[str, Any]] = []
+    schemaVersion: int | None = None
+    displayTimeUnit: str | None = None
+    baseTimeNanoseconds: int | None = None
     record_shapes: int | None = None
     with_stack: int | None = None
     profile_memory: int | None = None
@@ -85,7 +85,7 @@ class Document(msgspec.Struct, gc=False):
     cuda_driver_version: int | None = None
     cuda_runtime_version: int | None = None
     cupti_version: int | None = None
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    distributedInfo: dict[str, Any] | None = None
 
 
 @dataclass
@@ -283,7 +283,7 @@ def _coerce_args(args: dict[str, Any]) -> Args:
 
 def _what_is_it(document: dict[str, Any]) -> str:
     keys = set(document)
-    if {"nodes", "schema"} & keys or "pid" in keys and "nodes" in keys:
+    if {"nodes", "schema"} & keys or ("pid" in keys and "nodes" in keys):
         return "PyTorch execution trace (ET), not a Kineto profiler trace; it has no traceEvents"
     if "segments" in keys or "device_traces" in keys:
         return "memory snapshot, not a Kineto profiler trace; it has no traceEvents"

@@ -46,10 +46,7 @@ def attntrace_attention_fwd(
     # exp2 is cheaper than exp; fold log2(e) into the scale once.
     qk_scale = sm_scale * 1.4426950408889634
 
-    if CAUSAL:
-        end = tl.minimum((block_m + 1) * BLOCK_M, seq_len)
-    else:
-        end = seq_len
+    end = tl.minimum((block_m + 1) * BLOCK_M, seq_len) if CAUSAL else seq_len
     for start in range(0, end, BLOCK_N):
         cols = start + cols_in_block
         k = tl.load(k_base + cols[None, :] * stride_ks + dims[:, None] * stride_kd,

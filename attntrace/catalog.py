@@ -1,0 +1,116 @@
+"""The rule catalogue: one TOML data file per rule in rules/, loaded and validated. Nothing in a rule file
+is executed; its detection logic lives in attntrace/checks/."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from attntrace.data import rules_dir
+
+SEVERITIES = ("error", "warning", "info")
+DOC_FIELDS = ("what", "why", "example", "fix")
+NEEDS = {"gpu", "shapes", "launch_config", "steps"}
+RULE_ID = re.compile(r"^AT\d{3}$")
+RULE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+class RuleFileError(Exception):
+    """A rule file that is missing, unparsable or incomplete; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    default: Any
+    unit: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    severity: str
+    summary: str
+    needs: tuple[str, ...]
+    parameters: dict[str, Parameter]
+    docs: dict[str, str]
+    path: str
+
+    def coerce(self, param: str, value: Any) -> Any:
+        """A user-given value converted to the type of the parameter's default."""
+        if param not in self.parameters:
+            known = ", ".join(sorted(self.parameters)) or "none"
+            raise ValueError(f"{self.id} has no parameter {param!r} (known: {known})")
+        default = self.parameters[param].default
+        try:
+            if isinstance(default, bool):
+                return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            return type(default)(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.id}.{param}: {value!r} is not a {type(default).__name__}") from exc
+
+
+def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in data:
+        raise RuleFileError(f"{where}: missing '{key}'")
+    if not isinstance(data[key], kind):
+        raise RuleFileError(f"{where}: '{key}' must be a {kind.__name__}")
+    return data[key]
+
+
+def parse_rule(path: Path) -> Rule:
+    where = str(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RuleFileError(f"{where}: {exc}") from exc
+    rule_id = _require(data, "id", str, where)
+    if not RULE_ID.match(rule_id) or path.stem != rule_id:
+        raise RuleFileError(f"{where}: id {rule_id!r} must look like AT123 and match the file name")
+    name = _require(data, "name", str, where)
+    if not RULE_NAME.match(name):
+        raise RuleFileError(f"{where}: name {name!r} must be kebab-case")
+    severity = _require(data, "severity", str, where)
+    if severity not in SEVERITIES:
+        raise RuleFileError(f"{where}: severity {severity!r} must be one of {', '.join(SEVERITIES)}")
+    needs = tuple(data.get("needs", []))
+    if unknown := set(needs) - NEEDS:
+        raise RuleFileError(f"{where}: unknown needs {sorted(unknown)}")
+    params = {}
+    for pname, spec in _require(data, "parameters", dict, where).items() if "parameters" in data else ():
+        if not isinstance(spec, dict):
+            raise RuleFileError(f"{where}: parameter {pname!r} must be a table")
+        for key, kind in (("default", object), ("unit", str), ("description", str)):
+            _require(spec, key, kind, f"{where}: parameter {pname!r}")
+        params[pname] = Parameter(pname, spec["default"], spec["unit"], spec["description"])
+    docs = _require(data, "docs", dict, where)
+    for key in DOC_FIELDS:
+        if not str(_require(docs, key, str, f"{where}: [docs]")).strip():
+            raise RuleFileError(f"{where}: [docs] '{key}' is empty")
+    return Rule(rule_id, name, severity, _require(data, "summary", str, where), needs, params,
+                {k: docs[k].strip() for k in DOC_FIELDS}, where)
+
+
+@cache
+def load_rules(directory: Path | None = None) -> dict[str, Rule]:
+    folder = directory or rules_dir()
+    rules = [parse_rule(p) for p in sorted(folder.glob("AT*.toml"))]
+    return {r.id: r for r in rules}
+
+
+def resolve(selector: str, rules: dict[str, Rule]) -> list[str]:
+    """Rule ids matched by an id, a name, or an id prefix such as AT1 or ALL."""
+    token = selector.strip()
+    if token.upper() == "ALL":
+        return list(rules)
+    hits = [r.id for r in rules.values() if r.id.startswith(token.upper()) or r.name == token.lower()]
+    if not hits:
+        raise ValueError(f"unknown rule {token!r}")
+    return hits

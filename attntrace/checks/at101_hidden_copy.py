@@ -1,0 +1,79 @@
+"""AT101 hidden-copy: GPU copies that no explicit copy op asked for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_of
+
+# Ops that are a copy the user asked for when they are the outermost op of the chain.
+EXPLICIT_COPY_OPS = {"aten::clone", "aten::contiguous", "aten::copy_", "aten::to", "aten::_to_copy",
+                     "aten::copy", "aten::_copy_from", "aten::index_copy_", "aten::cat", "aten::stack"}
+CAST_OPS = {"aten::to", "aten::_to_copy", "aten::type_as", "aten::_autocast_to_reduced_precision",
+            "aten::_autocast_to_full_precision"}
+FIXES = {
+    "aten::masked_fill": "Use the in-place `masked_fill_` (e.g. `scores.masked_fill_(mask, float('-inf'))`; "
+                         "under `torch.no_grad()` or where autograd allows it), or fuse the attention with "
+                         "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
+}
+GENERIC_FIX = ("Find the op that copies (the op chain names it) and give it an input it can use as is: the "
+               "in-place variant, a contiguous layout produced once outside the loop, or a fused op.")
+
+
+def _copy_bytes(ctx: Context, row: dict[str, Any]) -> float | None:
+    if row["kind"] == "memcpy":
+        return row["bytes"]
+    dims, types, _ = ctx.trace.op_input(row["op"]) if row["op"] is not None else (None, None, None)
+    if not dims or not types or not isinstance(dims[0], list):
+        return None
+    numel = 1
+    for d in dims[0]:
+        numel *= d if isinstance(d, int) else 1
+    return float(numel * ITEM_SIZE.get(types[0], 0)) or None
+
+
+def _is_cast(ctx: Context, op: int | None, chain: list[str]) -> bool:
+    if any(name in CAST_OPS for name in chain):
+        return True
+    types = ctx.op_types(op)
+    return len(types) >= 2 and types[0] != types[1]  # copy_(dst, src) between dtypes
+
+
+def check(ctx: Context) -> list[dict[str, Any]]:
+    copies = ctx.gpu.filter(((pl.col("kind") == "memcpy") & pl.col("name").str.contains("DtoD"))
+                            | (pl.col("cls") == "copy"))
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in copies.iter_rows(named=True):
+        chain = ctx.trace.op_chain(row["op"])
+        if not chain or chain[0] in EXPLICIT_COPY_OPS or _is_cast(ctx, row["op"], chain):
+            continue
+        kind = "Memcpy DtoD" if row["kind"] == "memcpy" else "copy kernel"
+        groups.setdefault((" > ".join(chain), kind), []).append(row)
+
+    findings = []
+    for (chain, kind), rows in sorted(groups.items()):
+        sizes = [b for b in (_copy_bytes(ctx, r) for r in rows) if b]
+        per_copy = max(sizes) if sizes else None
+        if per_copy is not None and per_copy < ctx.params["min_bytes"]:
+            continue
+        us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
+        if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
+            continue
+        culprit = next((name for name in chain.split(" > ") if name in FIXES), chain.split(" > ")[0])
+        count = len(rows) / ctx.step_count
+        size = fmt_bytes(per_copy) if per_copy else "unknown size"
+        findings.append(ctx.finding(
+            key=f"{chain}|{kind}",
+            message=(f"{culprit} makes a hidden {kind} of {size}, {count:g}x per step "
+                     f"({fmt_us(us_per_step)} GPU per step) via {chain}"),
+            where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
+            evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
+                      "bytes_per_step": per_copy * count if per_copy else None,
+                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
+                      "launch_api": rows[0]["launch_api"]},
+            gpu_us_per_step=us_per_step,
+            fix=FIXES.get(culprit, GENERIC_FIX),
+        ))
+    return findings

@@ -1,0 +1,67 @@
+"""AT201 fp32-gemm: GEMMs on FP32 CUDA cores where tensor cores could run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from attntrace.checks.base import Context, fmt_us, steps_of
+
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+LOW_PRECISION = {"c10::BFloat16", "c10::Half"}
+FIXES = {
+    "sdpa-math-upcast": "Let SDPA dispatch to a fused backend (remove the `sdpa_kernel(SDPBackend.MATH)` pin; "
+                        "keep q/k/v in bf16/fp16), or keep the math backend in low precision with "
+                        "`torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` (PyTorch >= 2.5).",
+    "fp32-inputs": "Allow TF32 tensor cores with `torch.set_float32_matmul_precision('high')` (or "
+                   "`torch.backends.cuda.matmul.allow_tf32 = True`), or run the model under "
+                   "`torch.autocast('cuda', dtype=torch.bfloat16)`.",
+}
+FIXES["unknown"] = FIXES["fp32-inputs"]
+
+
+def _cause(ctx: Context, op: int | None) -> tuple[str, str]:
+    ancestors = ctx.trace.op_ancestors(op)
+    names = ctx.trace.op_names
+    for idx in ancestors:
+        if names[idx] == SDPA_MATH:
+            types = set(ctx.op_types(idx))
+            low = sorted(types & LOW_PRECISION)
+            if low:
+                dtype = low[0].removeprefix("c10::")
+                return "sdpa-math-upcast", f"the SDPA math backend upcast {dtype} q/k/v to fp32"
+            return "fp32-inputs", "SDPA math ran on fp32 inputs with TF32 off"
+    types = ctx.op_types(op)
+    if types and all(t in ("float", "Scalar", "") for t in types):
+        return "fp32-inputs", "fp32 inputs with TF32 off"
+    return "unknown", "fp32 GEMM (the inputs' types are not in the trace)"
+
+
+def check(ctx: Context) -> list[dict[str, Any]]:
+    gemms = ctx.gpu.filter(pl.col("cls") == "gemm_fp32_simt")
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in gemms.iter_rows(named=True):
+        cause, why = _cause(ctx, row["op"])
+        chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
+        groups.setdefault((cause, why, chain), []).append(row)
+    findings = []
+    for (cause, why, chain), rows in sorted(groups.items()):
+        us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
+        share = ctx.share_of_gpu(us_per_step)
+        if share < ctx.params["min_share"]:
+            continue
+        saved = us_per_step * (1 - 1 / ctx.params["expected_speedup"])
+        kernels = sorted({r["name"] for r in rows})
+        findings.append(ctx.finding(
+            key=f"{cause}|{chain}",
+            message=(f"{len(rows) / ctx.step_count:g} FP32 GEMM(s) per step on CUDA cores, not tensor cores: "
+                     f"{why} ({fmt_us(us_per_step)} GPU per step, {100 * share:.0f}% of step GPU time)"),
+            where={"op_chain": chain, "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
+            evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels,
+                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
+                      "assumed_tensor_core_speedup": ctx.params["expected_speedup"]},
+            gpu_us_per_step=saved,
+            fix=FIXES[cause],
+        ))
+    return findings

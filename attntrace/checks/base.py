@@ -1,0 +1,111 @@
+"""What every check gets (the trace, its rule, the parameters) and the one way it builds a finding."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import PurePath
+from typing import Any
+
+import polars as pl
+
+from attntrace.catalog import Rule
+from attntrace.model import Trace
+from attntrace.summary import per_step
+
+ITEM_SIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "int": 4, "long int": 8,
+             "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1,
+             "c10::Float8_e5m2": 1, "c10::complex<float>": 8}
+
+
+class Skip(Exception):
+    """The trace lacks what the rule needs; the rule reports why instead of guessing."""
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_round(v) for v in value]
+    return value
+
+
+@dataclass
+class Context:
+    trace: Trace
+    rule: Rule
+    params: dict[str, Any]
+    severity: str
+
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        """Per-step numbers (see summary.per_step), plus step_us = max(CPU step time, GPU busy time)."""
+        table = per_step(self.trace)
+        if not table.height:
+            return table
+        return table.with_columns(pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"))
+
+    @property
+    def step_count(self) -> int:
+        return max(1, self.steps.height)
+
+    @cached_property
+    def step_us(self) -> float:
+        return float(self.steps["step_us"].mean()) if self.steps.height else 0.0
+
+    @cached_property
+    def step_gpu_us(self) -> float:
+        return float(self.steps["gpu_busy_us"].mean()) if self.steps.height else 0.0
+
+    @cached_property
+    def gpu(self) -> pl.DataFrame:
+        """GPU activity inside steps, linked to its launch and op."""
+        return self.trace.gpu_linked.filter(pl.col("step").is_not_null())
+
+    def share_of_gpu(self, us_per_step: float) -> float:
+        return us_per_step / self.step_gpu_us if self.step_gpu_us else 0.0
+
+    def op_types(self, op: int | None) -> list[str]:
+        if op is None:
+            return []
+        _, types, _ = self.trace.op_input(op)
+        return [t for t in types or [] if isinstance(t, str)]
+
+    def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
+                gpu_us_per_step: float, fix: str, severity: str | None = None) -> dict[str, Any]:
+        """A finding. The fingerprint hashes the rule, the trace's file name and a key made of names only
+        (op chain, kernel), never timings, so it survives re-captures of the same program."""
+        trace_name = PurePath(self.trace.path).name
+        digest = hashlib.sha256(f"{self.rule.id}|{trace_name}|{key}".encode()).hexdigest()[:16]
+        return {
+            "rule": self.rule.id,
+            "name": self.rule.name,
+            "severity": severity or self.severity,
+            "trace": self.trace.path,
+            "message": message,
+            "where": _round(where),
+            "evidence": _round(evidence),
+            "impact": {"gpu_us_per_step": round(gpu_us_per_step, 3),
+                       "share_of_step": round(gpu_us_per_step / self.step_us, 4) if self.step_us else 0.0},
+            "fix": fix,
+            "fingerprint": digest,
+        }
+
+
+def steps_of(frame: pl.DataFrame) -> list[int]:
+    return sorted(int(s) for s in frame["step"].unique().to_list() if s is not None)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def fmt_us(us: float) -> str:
+    return f"{us / 1e3:.3f} ms" if us >= 1000 else f"{us:.1f} us"

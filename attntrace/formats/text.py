@@ -1,0 +1,54 @@
+"""`attntrace lint` for a terminal: findings grouped per trace, colour only when stdout is a TTY."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
+def render(report: dict[str, Any], colour: bool) -> str:
+    def style(text: str, **kw: Any) -> str:
+        return click.style(text, **kw) if colour else text
+
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for finding in report["findings"]:
+        by_trace.setdefault(finding["trace"], []).append(finding)
+    skipped: dict[str, list[dict[str, Any]]] = {}
+    for skip in report["skipped"]:
+        skipped.setdefault(skip["trace"], []).append(skip)
+    out: list[str] = []
+    for trace in report["traces"]:
+        path = trace["path"]
+        if trace["error"]:
+            out.append(f"{style(path, bold=True)}: {style('error', fg='red', bold=True)}: "
+                       f"{trace['error']['message']}")
+            continue
+        found = by_trace.get(path, [])
+        summary = trace["summary"] or {}
+        head = f"{style(path, bold=True)}  ({trace['device'] or 'CPU only'}, {trace['steps'] or 'no'} steps"
+        head += f", attention: {', '.join(summary.get('attention_backends') or []) or 'none found'})"
+        out.append(head)
+        for note in summary.get("notes") or []:
+            out.append(f"  note: {note}")
+        if not found:
+            out.append("  no findings")
+        for f in found:
+            impact = f["impact"]
+            sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
+            out.append(f"  {style(f['rule'], bold=True)} {sev} {f['message']}")
+            if f["where"].get("op_chain"):
+                out.append(f"      where: {f['where']['op_chain']}")
+            if impact["gpu_us_per_step"]:
+                out.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
+                           f"({100 * impact['share_of_step']:.1f}% of step)")
+            out.append(f"      fix: {f['fix']}")
+        for skip in skipped.get(path, []):
+            out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))
+        out.append("")
+    counts = report["summary"]["findings"]
+    out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; findings: "
+               f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,106 @@
+"""Run the enabled rules over traces and assemble the report (schema_version 1, DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from attntrace import __version__
+from attntrace.catalog import Rule, load_rules
+from attntrace.checks import CHECKS, Context, Skip
+from attntrace.config import Settings
+from attntrace.loading import InputError, load, map_inputs
+from attntrace.model import Trace
+from attntrace.summary import summarize
+
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class TraceReport:
+    path: str
+    info: dict[str, Any]
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_settings(rules: dict[str, Rule]) -> Settings:
+    return Settings(tuple(sorted(rules)), {rid: {p.name: p.default for p in r.parameters.values()}
+                                           for rid, r in rules.items()})
+
+
+def _missing(trace: Trace, need: str) -> str | None:
+    if need == "gpu" and not trace.has_gpu:
+        return "no GPU events (kernels, memcpy, memset) in the trace"
+    if need == "shapes" and not trace.has_shapes:
+        return "no input shapes: capture with record_shapes=True"
+    return None
+
+
+def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
+    rules = load_rules()
+    settings = settings or default_settings(rules)
+    summary = summarize(trace)
+    info = {"path": trace.path, "device": summary["device"], "steps": summary["steps"],
+            "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
+            "error": None}
+    report = TraceReport(trace.path, info)
+    for rule_id in settings.enabled:
+        rule = rules[rule_id]
+        reason = next((r for r in map(partial(_missing, trace), rule.needs) if r), None)
+        if reason is None:
+            ctx = Context(trace, rule, settings.params[rule_id], settings.severity.get(rule_id, rule.severity))
+            try:
+                report.findings.extend(CHECKS[rule_id](ctx))
+            except Skip as skip:
+                reason = str(skip)
+        if reason:
+            report.skipped.append({"trace": trace.path, "rule": rule_id, "reason": reason})
+    return report
+
+
+def lint_path(path: str, settings: Settings) -> TraceReport:
+    return lint_trace(load(path), settings)
+
+
+def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
+    return (SEVERITY_RANK[finding["severity"]], -finding["impact"]["gpu_us_per_step"], finding["trace"],
+            finding["rule"], finding["fingerprint"])
+
+
+def run(paths: list[str], settings: Settings, jobs: int = 1) -> dict[str, Any]:
+    results = list(map_inputs(paths, partial(lint_path, settings=settings), jobs))
+    return assemble(results)
+
+
+def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
+    traces, findings, skipped = [], [], []
+    for result in results:
+        if isinstance(result, InputError):
+            traces.append({"path": result.path, "device": None, "steps": 0, "events": 0, "summary": None,
+                           "error": {"kind": result.kind, "message": result.message}})
+            continue
+        traces.append(result.info)
+        findings.extend(result.findings)
+        skipped.extend(result.skipped)
+    findings.sort(key=sort_key)
+    counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITY_RANK}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "attntrace", "version": __version__},
+        "traces": traces,
+        "findings": findings,
+        "skipped": skipped,
+        "summary": {"traces": len(traces), "errors": sum(1 for t in traces if t["error"]), "findings": counts},
+    }
+
+
+def exit_code(report: dict[str, Any], fail_on: str) -> int:
+    if report["summary"]["errors"]:
+        return 2
+    if fail_on == "never":
+        return 0
+    limit = SEVERITY_RANK[fail_on]
+    return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in report["findings"]) else 0
