@@ -1,0 +1,117 @@
+"""The model's numbers on a real H200 trace, checked against values computed straight from the raw JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+from conftest import sample
+
+from attntrace.loading import load
+from attntrace.summary import per_step
+
+NAIVE = sample("bf16_causal_fwd/naive")
+
+
+@pytest.fixture(scope="module")
+def raw() -> list[dict]:
+    with gzip.open(NAIVE, "rt") as fh:
+        return json.load(fh)["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load(NAIVE)
+
+
+def _steps(raw: list[dict]) -> dict[int, tuple[float, float]]:
+    return {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in raw
+            if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
+
+
+def _gpu_by_step(raw: list[dict]) -> dict[int, list[dict]]:
+    """GPU events grouped by the step of the launch call that shares their correlation id."""
+    steps = _steps(raw)
+    launch_step = {}
+    for e in raw:
+        if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+            for step, (start, end) in steps.items():
+                if start <= e["ts"] <= end:
+                    launch_step[e["args"]["correlation"]] = step
+    out: dict[int, list[dict]] = {s: [] for s in steps}
+    for e in raw:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            step = launch_step.get(e["args"]["correlation"])
+            if step is not None:
+                out[step].append(e)
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def test_steps(trace, raw):
+    assert trace.steps["step"].to_list() == sorted(_steps(raw)) == [1, 2, 3]
+
+
+def test_kernels_copies_and_busy_per_step(trace, raw):
+    table = per_step(trace)
+    expected = _gpu_by_step(raw)
+    for row in table.iter_rows(named=True):
+        events = expected[row["step"]]
+        assert row["kernels"] == sum(e["cat"] == "kernel" for e in events) == 5
+        assert row["memcpy"] == sum(e["cat"] == "gpu_memcpy" for e in events) == 1
+        busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in events])
+        assert row["gpu_busy_us"] == pytest.approx(busy, abs=1e-3)
+        assert busy <= sum(e["dur"] for e in events) + 1e-3
+
+
+def test_warmup_leftovers_stay_out_of_steps(trace, raw):
+    # Kernels queued by the profiler's warm-up step have no launch in the trace and belong to no step.
+    unlinked = trace.gpu_linked.filter(pl.col("launch").is_null())
+    linked_corr = {e["args"]["correlation"] for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    raw_unlinked = [e for e in raw if e.get("cat") == "kernel" and e["args"]["correlation"] not in linked_corr]
+    assert unlinked.height == len(raw_unlinked) > 0
+    assert unlinked["step"].null_count() == unlinked.height
+
+
+def test_launch_kernel_links(trace, raw):
+    gpu = trace.gpu_linked.filter(pl.col("step").is_not_null())
+    launches = {e["args"]["correlation"]: e["name"] for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    for corr, api in gpu.select("correlation", "launch_api").iter_rows():
+        assert launches[corr] == api
+    assert set(gpu.filter(pl.col("kind") == "kernel")["launch_api"]) <= {"cudaLaunchKernel", "cuLaunchKernelEx"}
+
+
+def test_masked_fill_copy_chain(trace):
+    copy = trace.gpu_linked.filter((pl.col("kind") == "memcpy") & pl.col("step").is_not_null())
+    assert copy.height == 3
+    for op, nbytes in copy.select("op", "bytes").iter_rows():
+        assert trace.op_chain(op) == ["aten::masked_fill", "aten::clone", "aten::copy_"]
+        assert nbytes == 4 * 16 * 2048 * 2048 * 2
+
+
+def test_device_and_flags(trace):
+    assert trace.meta.device(0)["name"] == "NVIDIA H200"
+    assert trace.meta.flags["record_shapes"] is True
+    dims, types, _ = trace.op_input(trace.op_names.index("aten::masked_fill"))
+    assert dims[0] == [4, 16, 2048, 2048] and types[0] == "c10::BFloat16"
+
+
+@pytest.mark.parametrize(("name", "kernels"), [
+    ("bf16_causal_fwd/naive_inplace", 5), ("bf16_causal_fwd/sdpa_math", 20), ("bf16_causal_fwd/sdpa_flash", 1),
+    ("bf16_causal_fwd/sdpa_efficient", 1), ("bf16_causal_fwd/sdpa_cudnn", 1), ("bf16_causal_fwd/compiled", 3),
+])
+def test_kernels_per_forward(name, kernels):
+    assert set(per_step(load(sample(name)))["kernels"].to_list()) == {kernels}

@@ -1,0 +1,143 @@
+"""Each rule on real traces: where it must fire (with the right evidence) and where it must stay silent."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from conftest import sample
+
+from attntrace.lint import lint_trace
+from attntrace.loading import load
+
+
+@cache
+def report(name: str):
+    return lint_trace(load(sample(name)))
+
+
+def found(name: str, rule: str) -> list[dict]:
+    return [f for f in report(name).findings if f["rule"] == rule]
+
+
+# --- AT101 hidden-copy ------------------------------------------------------------------------------
+def test_at101_naive_masked_fill_clone():
+    (f,) = found("bf16_causal_fwd/naive", "AT101")
+    assert f["where"]["op_chain"] == "aten::masked_fill > aten::clone > aten::copy_"
+    assert f["evidence"]["bytes_per_copy"] == 4 * 16 * 2048 * 2048 * 2  # the bf16 score tensor
+    assert f["evidence"]["copies_per_step"] == 1
+    assert f["where"]["steps"] == [1, 2, 3]
+    assert "masked_fill_" in f["fix"]
+    assert f["impact"]["gpu_us_per_step"] > 200
+
+
+def test_at101_backward_also_clones():
+    chains = sorted(f["where"]["op_chain"] for f in found("bf16_causal_fwdbwd/naive", "AT101"))
+    assert chains[0] == "aten::masked_fill > aten::clone > aten::copy_"
+    assert "MaskedFillBackward0" in chains[1]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/naive_inplace", "bf16_causal_fwd/sdpa_math",
+                                  "bf16_causal_fwd/sdpa_flash"])
+def test_at101_silent(name):
+    # sdpa_math casts q/k/v with aten::to: casts are not hidden copies.
+    assert found(name, "AT101") == []
+
+
+# --- AT201 fp32-gemm -------------------------------------------------------------------------------
+def test_at201_sdpa_math_upcast():
+    (f,) = found("bf16_causal_fwd/sdpa_math", "AT201")
+    assert f["evidence"]["cause"] == "sdpa-math-upcast"
+    assert "upcast BFloat16" in f["message"] and "fp32" in f["message"]
+    assert "allow_fp16_bf16_reduction_math_sdp" in f["fix"]
+    assert f["evidence"]["gemms_per_step"] == 2
+    assert all("_ffma_" in k for k in f["evidence"]["kernels"])
+
+
+def test_at201_naive_fp32_suggests_tf32_or_bf16():
+    (f,) = found("fp32_causal_fwd/naive", "AT201")
+    assert f["evidence"]["cause"] == "fp32-inputs"
+    assert "set_float32_matmul_precision" in f["fix"] and "bfloat16" in f["fix"]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/naive", "bf16_causal_fwd/compiled", "workloads/gpt2_sdpa_train"])
+def test_at201_silent_on_tensor_core_gemms(name):
+    assert found(name, "AT201") == []
+
+
+def test_at201_never_fires_on_tf32(corpus_files):
+    # The A100 alexnet trace runs its convolutions as TF32 implicit GEMMs next to FP32 sgemms.
+    # With the share threshold at 0 every FP32 GEMM is reported; the TF32 ones must still not be.
+    from attntrace import config
+    from attntrace.catalog import load_rules
+
+    settings = config.build(load_rules(), {}, "test", ["AT201"], [], ["AT201.min_share=0"], None)
+    trace = load(str(next(p for p in corpus_files if "alexnet" in p.name)))
+    assert trace.gpu["name"].str.contains("tf32").any()
+    findings = lint_trace(trace, settings).findings
+    assert findings, "the ampere_sgemm kernels of this trace should fire"
+    for f in findings:
+        assert not any("tf32" in k for k in f["evidence"]["kernels"])
+
+
+# --- AT301 mask-rebuilt ----------------------------------------------------------------------------
+def test_at301_sdpa_math_rebuilds_mask():
+    (f,) = found("bf16_causal_fwd/sdpa_math", "AT301")
+    assert f["evidence"]["mask_shape"] == [2048, 2048]
+    assert {"aten::ones", "aten::tril", "aten::where"} <= set(f["evidence"]["ops"])
+    assert f["evidence"]["builds_per_step"] == 1 and f["evidence"]["sdpa_math_backend"] is True
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/naive", "bf16_causal_fwd/naive_inplace",
+                                  "workloads/gpt2_eager_train"])
+def test_at301_silent_when_mask_built_once(name):
+    assert found(name, "AT301") == []
+
+
+# --- AT401 low-occupancy ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "source"), [("bf16_causal_fwd/sdpa_flash", "reported"),
+                                              ("bf16_causal_fwd/sdpa_cudnn", "computed")])
+def test_at401_fused_attention_is_info_by_design(name, source):
+    (f,) = found(name, "AT401")
+    assert f["severity"] == "info" and "by design" in f["message"]
+    assert f["evidence"]["occupancy_source"].startswith(source)
+
+
+def test_at401_cudnn_zero_is_computed():
+    (f,) = found("bf16_causal_fwd/sdpa_cudnn", "AT401")
+    assert f["evidence"]["reported_occupancy_pct"] == 0
+    assert f["evidence"]["computed_occupancy_pct"] == f["evidence"]["occupancy_pct"] > 0
+
+
+def test_at401_real_low_occupancy_is_warning():
+    (f,) = found("workloads/low_occupancy_kernel", "AT401")
+    assert f["severity"] == "warning"
+    assert f["where"]["kernel"].startswith("attntrace_lowocc_scale")
+    assert f["evidence"]["limited_by"] == "shared memory"
+    assert f["evidence"]["occupancy_pct"] == pytest.approx(3.1)
+    assert f["evidence"]["occupancy_source"].startswith("computed")
+    assert f["evidence"]["share_of_step_gpu"] > 0.5
+
+
+# --- AT501 launch-overhead -------------------------------------------------------------------------
+def test_at501_launch_bound():
+    (f,) = found("workloads/launch_bound_tiny_ops", "AT501")
+    ev = f["evidence"]
+    assert ev["launches_per_step"] == 401
+    assert ev["launch_cpu_us_per_step"] > ev["gpu_busy_us_per_step"]
+    api = ev["per_api"]["cudaLaunchKernel"]
+    assert api["calls_per_step"] == 401 and 0 < api["median_us"] <= api["p95_us"]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/naive", "workloads/gpt2_sdpa_train", "bf16_causal_fwd/sdpa_cudnn"])
+def test_at501_silent_on_gpu_heavy_steps(name):
+    assert found(name, "AT501") == []
+
+
+def test_findings_sorted_and_deterministic():
+    from attntrace.lint import assemble, sort_key
+
+    first = assemble([report("bf16_causal_fwd/sdpa_math")])
+    assert first["findings"] == sorted(first["findings"], key=sort_key)
+    again = assemble([lint_trace(load(sample("bf16_causal_fwd/sdpa_math")))])
+    assert first == again
