@@ -13,7 +13,7 @@ import click
 import orjson
 
 from attntrace import __version__
-from attntrace.loading import InputError, load, map_inputs
+from attntrace.loading import SKIPPED, InputError, load, map_inputs
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -66,7 +66,8 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int) -> 
     tensor-core share of GEMM time, attention backends."""
     from attntrace.formats import summary_table
 
-    results = list(map_inputs(list(paths), _summarize_path, jobs))
+    results = [r for r in map_inputs(list(paths), _summarize_path, jobs)
+               if not (isinstance(r, InputError) and r.kind == SKIPPED)]
     errors = [r for r in results if isinstance(r, InputError)]
     for err in errors:
         _error(err.line())

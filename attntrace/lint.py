@@ -10,7 +10,7 @@ from attntrace import __version__
 from attntrace.catalog import Rule, load_rules
 from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
-from attntrace.loading import InputError, load, map_inputs
+from attntrace.loading import SKIPPED, InputError, load, map_inputs
 from attntrace.model import Trace
 from attntrace.summary import summarize
 
@@ -75,9 +75,12 @@ def run(paths: list[str], settings: Settings, jobs: int = 1) -> dict[str, Any]:
     return assemble(results)
 
 
+
 def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
     traces, findings, skipped = [], [], []
     for result in results:
+        if isinstance(result, InputError) and result.kind == SKIPPED:
+            continue
         if isinstance(result, InputError):
             traces.append({"path": result.path, "device": None, "steps": 0, "events": 0, "summary": None,
                            "error": {"kind": result.kind, "message": result.message}})

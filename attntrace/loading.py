@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from typing import Any, TypeVar
 
 from attntrace import model, reader
 from attntrace.reader import TraceError
 
 T = TypeVar("T")
+SKIPPED = "skipped"  # the kind of an InputError that is a note, not a failure
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
 def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1) -> Iterator[T | InputError]:
     """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time."""
     found = list(reader.discover(paths))
-    todo = [p for p in found if isinstance(p, str)]
+    todo = [item[0] for item in found if isinstance(item, tuple)]
     if jobs > 1 and len(todo) > 1 and "-" not in todo:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+        # spawn, not fork: polars' thread pool does not survive a fork.
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
             done = dict(zip(todo, pool.map(_call, [(p, work) for p in todo]), strict=True))
     else:
         done = {p: guarded(p, work) for p in todo}
@@ -59,5 +62,11 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1) -> Ite
         if isinstance(item, TraceError):
             path, _, message = item.message.partition(": ")
             yield InputError(path, item.kind, message)
+            continue
+        path, in_directory = item
+        result = done[path]
+        if in_directory and isinstance(result, InputError) and result.kind == "not-a-trace":
+            # Other JSON beside the traces (run.json, configs) is passed over, not an error.
+            yield InputError(path, SKIPPED, result.message)
         else:
-            yield done[item]
+            yield result

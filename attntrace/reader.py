@@ -102,20 +102,21 @@ _DOCUMENT = msgspec.json.Decoder(Document)
 _ANY = msgspec.json.Decoder()
 
 
-def discover(paths: list[str]) -> Iterator[str | TraceError]:
-    """Expand directories into their trace files, sorted; yield each input path or why it is unusable."""
+def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
+    """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
+    or why the input is unusable."""
     for given in paths:
         if given == "-":
-            yield given
+            yield given, False
             continue
         path = Path(given)
         if path.is_dir():
             found = sorted(_walk_traces(path))
             if not found:
                 yield TraceError("not-found", f"{given}: no trace files (*.json, *.json.gz) in this directory")
-            yield from found
+            yield from ((p, True) for p in found)
         elif path.exists():
-            yield given
+            yield given, False
         else:
             yield TraceError("not-found", f"{given}: no such file or directory")
 

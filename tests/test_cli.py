@@ -1,0 +1,122 @@
+"""The command line as a user meets it: exit codes, one-line errors, formats, settings, the catalogue."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLES, sample
+
+from attntrace.catalog import DOC_FIELDS, RuleFileError, load_rules, parse_rule
+from attntrace.cli import main
+
+NAIVE = sample("bf16_causal_fwd/naive")
+INPLACE = sample("bf16_causal_fwd/naive_inplace")
+
+
+def invoke(*args: str, input: bytes | None = None):
+    result = CliRunner().invoke(main, list(args), input=input)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def test_lint_exit_codes():
+    assert invoke("lint", NAIVE).exit_code == 1
+    assert invoke("lint", INPLACE).exit_code == 0
+    assert invoke("lint", NAIVE, "--fail-on", "never").exit_code == 0
+    assert invoke("lint", NAIVE, "--ignore", "AT101").exit_code == 0
+    assert invoke("lint", sample("bf16_causal_fwd/sdpa_flash"), "--fail-on", "info").exit_code == 1
+
+
+def test_bad_input_one_line_error_and_others_still_analysed(tmp_path: Path):
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"traceEvents": [')
+    result = invoke("lint", str(bad), NAIVE, "--format", "json")
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "broken.json" in result.stderr
+    assert "Traceback" not in result.output
+    report = orjson.loads(result.stdout)
+    assert [t["error"] is None for t in report["traces"]] == [False, True]
+    assert report["findings"][0]["rule"] == "AT101"
+
+
+def test_json_is_deterministic_and_complete():
+    first = invoke("lint", NAIVE, sample("bf16_causal_fwd/sdpa_math"), "--format", "json").stdout_bytes
+    second = invoke("lint", NAIVE, sample("bf16_causal_fwd/sdpa_math"), "--format", "json", "-j", "1").stdout_bytes
+    assert first == second
+    report = orjson.loads(first)
+    assert report["schema_version"] == 1 and report["summary"]["traces"] == 2
+    for f in report["findings"]:
+        assert set(f) >= {"rule", "name", "severity", "trace", "message", "where", "evidence", "impact", "fix",
+                          "fingerprint"}
+        assert set(f["impact"]) == {"gpu_us_per_step", "share_of_step"}
+
+
+def test_output_file_and_unwritable_output(tmp_path: Path):
+    out = tmp_path / "report.json"
+    assert invoke("lint", INPLACE, "--format", "json", "--output", str(out)).exit_code == 0
+    assert orjson.loads(out.read_bytes())["summary"]["errors"] == 0
+    result = invoke("lint", INPLACE, "--output", str(tmp_path / "missing" / "r.json"))
+    assert result.exit_code == 2 and "cannot write" in result.stderr
+
+
+def test_stdin_and_directories():
+    data = gzip.decompress(Path(NAIVE).read_bytes())
+    assert invoke("lint", "-", input=data).exit_code == 1
+    result = invoke("lint", str(SAMPLES / "bf16_causal_fwd"), "--format", "json", "--fail-on", "never")
+    assert orjson.loads(result.stdout)["summary"]["traces"] == 10
+
+
+def test_set_and_config(tmp_path: Path):
+    # A threshold above the 512 MiB copy silences AT101, from the CLI and from a config file.
+    assert invoke("lint", NAIVE, "--set", "AT101.min_bytes=1000000000").exit_code == 0
+    cfg = tmp_path / "attntrace.toml"
+    cfg.write_text('[tool.attntrace]\nfail-on = "error"\n[tool.attntrace.rules.AT101]\nmin_bytes = 1\n')
+    assert invoke("lint", NAIVE, "--config", str(cfg)).exit_code == 0
+    bad = invoke("lint", NAIVE, "--set", "AT101.nope=1")
+    assert bad.exit_code == 2 and "no parameter 'nope'" in bad.stderr
+
+
+def test_rules_and_explain_every_rule():
+    listing = invoke("rules").stdout
+    for rule in load_rules().values():
+        assert rule.id in listing
+        text = invoke("explain", rule.id).stdout
+        assert "What it detects" in text and "Fix" in text
+        for param in rule.parameters:
+            assert param in text
+    assert invoke("explain", "hidden-copy").exit_code == 0
+    assert invoke("explain", "AT999").exit_code == 2
+
+
+def test_every_rule_file_is_documented():
+    for rule in load_rules().values():
+        for key in DOC_FIELDS:
+            assert len(rule.docs[key]) > 40, (rule.id, key)
+        for p in rule.parameters.values():
+            assert p.unit and p.description
+
+
+def test_broken_rule_file_is_named(tmp_path: Path):
+    path = tmp_path / "AT999.toml"
+    path.write_text('id = "AT999"\nname = "x"\nseverity = "loud"\nsummary = "s"\n')
+    with pytest.raises(RuleFileError, match=r"AT999\.toml: severity 'loud'"):
+        parse_rule(path)
+
+
+def test_summary_command():
+    result = invoke("summary", NAIVE, "--format", "json")
+    (s,) = orjson.loads(result.stdout)["traces"]
+    assert s["steps"] == 3 and s["memcpy"] == 3 and s["tensor_core_share_of_gemm"] == 1.0
+    assert invoke("summary", NAIVE).exit_code == 0
+
+
+def test_lint_path_never_imports_torch():
+    code = ("import sys; from attntrace.cli import main; sys.argv=['attntrace','lint','--fail-on','never','"
+            + NAIVE + "'];\ntry: main()\nexcept SystemExit: pass\nassert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
