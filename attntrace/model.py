@@ -13,7 +13,6 @@ from functools import cached_property
 from operator import attrgetter
 from typing import Any
 
-import msgspec
 import polars as pl
 
 from attntrace import taxonomy
@@ -50,17 +49,21 @@ class TraceMeta:
 
 
 def _series(name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
-    try:
-        return pl.Series(name, values, dtype=dtype, strict=False)
-    except (TypeError, pl.exceptions.PolarsError):
-        return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
+    """A typed column; values of another type are coerced, and a column that cannot be is kept as text."""
+    for strict in (True, False):
+        try:
+            return pl.Series(name, values, dtype=dtype, strict=strict)
+        except (TypeError, OverflowError, pl.exceptions.PolarsError):
+            continue
+    return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
 
 
 def _ids(name: str, values: list[Any]) -> pl.Series:
     """pid/tid: integers in most traces, strings ("Spans", "") in some; keep one type per column."""
-    if all(type(v) is int for v in values):
-        return pl.Series(name, values, dtype=pl.Int64)
-    return pl.Series(name, [str(v) for v in values], dtype=pl.String)
+    try:
+        return pl.Series(name, values, dtype=pl.Int64, strict=True)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+        return pl.Series(name, [str(v) for v in values], dtype=pl.String)
 
 
 def _base_columns(events: list[Event]) -> dict[str, pl.Series]:
@@ -93,12 +96,12 @@ def _frame(events: list[Event], arg_fields: dict[str, Any]) -> pl.DataFrame:
 
 _ID_FIELDS = {"external_id": pl.Int64, "external_id_old": pl.Int64}
 _GPU_FIELDS = {**_ID_FIELDS, "correlation": pl.Int64, "registers": pl.Int64, "shared_memory": pl.Int64,
-               "blocks_per_sm": pl.Float64, "warps_per_sm": pl.Float64, "occupancy": pl.Float64,
-               "device": pl.Int64, "stream": pl.Int64, "bytes": pl.Int64}
+               "blocks_per_sm": pl.Float64, "occupancy": pl.Float64, "device": pl.Int64, "bytes": pl.Int64}
 
 
-def _product(dims: list[int] | None) -> int | None:
-    if not dims or not all(isinstance(d, int) for d in dims):
+def _volume(dims: list[int] | None) -> int | None:
+    """x*y*z of a grid or block, or None when the trace does not give it."""
+    if not dims:
         return None
     out = 1
     for d in dims:
@@ -117,7 +120,7 @@ class Trace:
     gpu_annotations: pl.DataFrame
     syncs: pl.DataFrame  # cuda_sync events on the GPU timeline (a stream or device waiting)
     flows: pl.DataFrame
-    op_inputs: list[tuple[msgspec.Raw | None, msgspec.Raw | None, msgspec.Raw | None]]
+    op_events: list[Event]  # the decoded cpu ops, in ops-table order, for their raw input fields
     python_events: int
 
     # --- steps ------------------------------------------------------------------------------------
@@ -218,14 +221,15 @@ class Trace:
     def op_parent(self) -> list[int | None]:
         """Parent op index of every op, from time containment on its (pid, tid)."""
         parent: list[int | None] = [None] * self.ops.height
-        ordered = self.ops.select("idx", "pid", "tid", "ts", "end").with_columns(
-            pl.col("pid").cast(pl.String), pl.col("tid").cast(pl.String)).sort(
+        ordered = self.ops.select("idx", "pid", "tid", "ts", "end").sort(
             ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
+        thread_start = (pl.struct("pid", "tid") != pl.struct("pid", "tid").shift(1)).fill_null(True)
+        new_thread = ordered.select(thread_start)[:, 0].to_list()
         stack: list[tuple[float, int]] = []
-        thread: tuple[str, str] | None = None
-        for idx, pid, tid, ts, end in ordered.iter_rows():
-            if (pid, tid) != thread:
-                stack, thread = [], (pid, tid)
+        for idx, ts, end, fresh in zip(ordered["idx"].to_list(), ordered["ts"].to_list(), ordered["end"].to_list(),
+                                       new_thread, strict=True):
+            if fresh:
+                stack = []
             while stack and stack[-1][0] < ts:
                 stack.pop()
             # An op that starts inside its parent but overruns it (clock rounding) still nests.
@@ -283,12 +287,13 @@ class Trace:
 
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
-        dims, types, concrete = self.op_inputs[op]
-        return decode_raw(dims), decode_raw(types), decode_raw(concrete)
+        args = self.op_events[op].args or _EMPTY_ARGS
+        return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
 
     @property
     def has_shapes(self) -> bool:
-        return bool(self.meta.flags.get("record_shapes")) or any(d is not None for d, _, _ in self.op_inputs[:2000])
+        return bool(self.meta.flags.get("record_shapes")) or any(
+            e.args is not None and e.args.input_dims for e in self.op_events[:2000])
 
     @property
     def has_gpu(self) -> bool:
@@ -300,56 +305,45 @@ def build(raw: RawTrace) -> Trace:
     events = doc.traceEvents
     tax = taxonomy.load()
 
-    buckets: dict[str, list[Event]] = {"ops": [], "runtime": [], "gpu": [], "gpu_ann": [], "sync": [],
-                                       "flow": []}
-    python_events = 0
-    for e in events:
-        cat = e.cat
-        if e.ts is None:
-            continue
-        if e.ph == "X":
-            if cat in CPU_OP_CATS:
-                buckets["ops"].append(e)
-            elif cat in RUNTIME_CATS:
-                buckets["runtime"].append(e)
-            elif cat in GPU_CATS:
-                buckets["gpu"].append(e)
-            elif cat == "gpu_user_annotation":
-                buckets["gpu_ann"].append(e)
-            elif cat == "cuda_sync":
-                buckets["sync"].append(e)
-            elif cat == "python_function":
-                python_events += 1
-        elif cat in FLOW_CATS and e.ph in ("s", "f", "t"):
-            buckets["flow"].append(e)
+    # Split events by kind on columns, not in a Python loop: ph and cat come out at C speed.
+    kinds = pl.DataFrame({
+        "ph": pl.Series(list(map(attrgetter("ph"), events)), dtype=pl.String),
+        "cat": pl.Series(list(map(attrgetter("cat"), events)), dtype=pl.String),
+        "timed": pl.Series([e.ts is not None for e in events], dtype=pl.Boolean),
+    }).with_row_index("i")
+    complete = (pl.col("ph") == "X") & pl.col("timed")
 
-    ops_events = buckets["ops"]
-    ops = _frame(ops_events, {**_ID_FIELDS, "sequence_number": pl.Int64}).with_columns(
+    def pick(condition: pl.Expr) -> list[Event]:
+        rows = kinds.filter(condition)["i"].to_list()
+        return [events[i] for i in rows]
+
+    ops_events = pick(complete & pl.col("cat").is_in(list(CPU_OP_CATS)))
+    ops = _frame(ops_events, _ID_FIELDS).with_columns(
         pl.col("cat").replace_strict(CPU_OP_CATS, default="cpu_op"))
-    op_inputs = [((a := e.args or _EMPTY_ARGS).input_dims, a.input_types, a.concrete_inputs)
-                 for e in ops_events]
 
-    launches = _frame(buckets["runtime"], {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
+    launches = _frame(pick(complete & pl.col("cat").is_in(list(RUNTIME_CATS))),
+                      {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
         pl.col("cat").replace_strict(RUNTIME_CATS, default="runtime").alias("api_kind"),
         pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
 
-    gpu_events = buckets["gpu"]
+    gpu_events = pick(complete & pl.col("cat").is_in(list(GPU_CATS)))
     gpu = _frame(gpu_events, _GPU_FIELDS)
-    grid = [_product((e.args or _EMPTY_ARGS).grid) for e in gpu_events]
-    block = [_product((e.args or _EMPTY_ARGS).block) for e in gpu_events]
+    gpu_args = [e.args or _EMPTY_ARGS for e in gpu_events]
+    grid = pl.Series("grid_blocks", [_volume(a.grid) for a in gpu_args], dtype=pl.Int64)
+    block = pl.Series("block_threads", [_volume(a.block) for a in gpu_args], dtype=pl.Int64)
     names = gpu["name"].unique().to_list()
     classes = pl.DataFrame({"name": names, "cls": [tax.classify(n) for n in names]},
                            schema={"name": pl.String, "cls": pl.String})
     gpu = gpu.with_columns(
         pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
-        pl.Series("grid_blocks", grid, dtype=pl.Int64),
-        pl.Series("block_threads", block, dtype=pl.Int64),
+        grid,
+        block,
         pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
     ).join(classes, on="name", how="left").with_columns(
         pl.when(pl.col("kind") == "kernel").then(pl.col("cls")).otherwise(pl.col("kind")).alias("cls")
     ).sort("idx")
 
-    flows_events = buckets["flow"]
+    flows_events = pick(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS)))
     flows = pl.DataFrame({
         "ph": [e.ph for e in flows_events], "cat": [e.cat for e in flows_events],
         "id": [None if e.id is None else str(e.id) for e in flows_events],
@@ -369,8 +363,10 @@ def build(raw: RawTrace) -> Trace:
     )
     return Trace(
         path=raw.path, size=raw.size, meta=meta, ops=ops, launches=launches, gpu=gpu,
-        gpu_annotations=_frame(buckets["gpu_ann"], {}), syncs=_frame(buckets["sync"], _ID_FIELDS),
-        flows=flows, op_inputs=op_inputs, python_events=python_events,
+        gpu_annotations=_frame(pick(complete & (pl.col("cat") == "gpu_user_annotation")), {}),
+        syncs=_frame(pick(complete & (pl.col("cat") == "cuda_sync")), _ID_FIELDS),
+        flows=flows, op_events=ops_events,
+        python_events=int(kinds.filter(complete & (pl.col("cat") == "python_function")).height),
     )
 
 

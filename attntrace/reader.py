@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -43,20 +44,14 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     registers: int | None = msgspec.field(name="registers per thread", default=None)
     shared_memory: int | None = msgspec.field(name="shared memory", default=None)
     blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
-    warps_per_sm: float | None = msgspec.field(name="warps per SM", default=None)
     grid: list[int] | None = None
     block: list[int] | None = None
     occupancy: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
-    stream: int | None = None
     device: int | None = None
     bytes: int | None = None
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_VALUE)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_VALUE)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_VALUE)
-    sequence_number: int | None = msgspec.field(name="Sequence number", default=None)
-    python_id: int | None = msgspec.field(name="Python id", default=None)
-    python_parent_id: int | None = msgspec.field(name="Python parent id", default=None)
-    name: str | None = None  # thread_name / process_name metadata
 
 
 class Event(msgspec.Struct, gc=False):
@@ -97,6 +92,7 @@ class RawTrace:
     notes: list[str] = field(default_factory=list)
 
 
+_NON_SPACE = re.compile(rb"[^ \t\r\n]")
 _EVENTS = msgspec.json.Decoder(list[Event])
 _DOCUMENT = msgspec.json.Decoder(Document)
 _ANY = msgspec.json.Decoder()
@@ -176,20 +172,34 @@ def decode(path: str, data: bytes) -> RawTrace:
     """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    stripped = data.lstrip()
-    if not stripped:
+    # Look past leading whitespace without copying the buffer (data.lstrip() would double peak memory).
+    first = _NON_SPACE.search(data)
+    if first is None:
         raise TraceError("empty", "file is empty")
-    head = stripped[:1]
+    start = first.start()
+    head = data[start:start + 1]
     try:
         if head == b"[":
-            return RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data)))
+            return RawTrace(path, len(data), _detach_inputs(Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
-            return RawTrace(path, len(data), _DOCUMENT.decode(data))
+            return RawTrace(path, len(data), _detach_inputs(_DOCUMENT.decode(data)))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
     except msgspec.DecodeError as exc:
         return _decode_nonstandard(path, data, exc)
-    raise TraceError("not-json", f"not a JSON object or list (starts with {stripped[:12]!r})")
+    raise TraceError("not-json", f"not a JSON object or list (starts with {data[start:start + 12]!r})")
+
+
+def _detach_inputs(doc: Document) -> Document:
+    """Copy the raw input fields out of the file's buffer. A Raw value is a view that keeps the whole file
+    alive; copying the few bytes each op needs lets the buffer go as soon as decoding is done."""
+    for e in doc.traceEvents:
+        a = e.args
+        if a is not None and a.input_dims:
+            a.input_dims = msgspec.Raw(bytes(a.input_dims))
+            a.input_types = msgspec.Raw(bytes(a.input_types))
+            a.concrete_inputs = msgspec.Raw(bytes(a.concrete_inputs))
+    return doc
 
 
 def _decode_tolerant(path: str, data: bytes) -> RawTrace:
