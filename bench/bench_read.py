@@ -46,7 +46,8 @@ def build_large(target_mb: int, out: Path) -> int:
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
     id_span = 1 + max(max(e.get("args", {}).get("External id", 0), e.get("args", {}).get("correlation", 0),
                           e.get("id", 0) if isinstance(e.get("id"), int) else 0) for e in events)
-    steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation")
+    steps = sum(1 for e in events
+                if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation")
     one_copy = len(orjson.dumps(events, option=orjson.OPT_INDENT_2))
     copies = max(1, target_mb * 2**20 // one_copy)
     out_events = [e for e in events if e.get("ph") == "M"]
