@@ -88,7 +88,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     known = gemm_total - split["unknown"]
     gpu = trace.gpu_linked
     return {
-        "device": trace.meta.device(None).get("name"),
+        "device": trace.meta.device(None).get("name") or ("unknown GPU" if trace.has_gpu else None),
         "steps": steps.height if trace.has_step_markers else 0,
         "gpu_busy_us": _r(busy_us(gpu, [])["busy_us"][0]) if gpu.height else 0.0,
         "kernels": int((gpu["kind"] == "kernel").sum()),

@@ -141,3 +141,21 @@ def test_findings_sorted_and_deterministic():
     assert first["findings"] == sorted(first["findings"], key=sort_key)
     again = assemble([lint_trace(load(sample("bf16_causal_fwd/sdpa_math")))])
     assert first == again
+
+
+def test_at501_one_slow_lazy_load_launch_is_not_launch_bound(corpus_files):
+    # A100 alexnet: one cudaLaunchKernel takes 3 s (lazy module load), the other 78 take ~9 us.
+    trace = load(str(next(p for p in corpus_files if "alexnet" in p.name)))
+    assert trace.launches["dur"].max() > 1e6
+    assert [f for f in lint_trace(trace).findings if f["rule"] == "AT501"] == []
+
+
+def test_at201_pre_ampere_suggests_fp16_not_tf32(corpus_files):
+    trace = load(str(next(p for p in corpus_files if "V100" in p.name or "ns_resolution" in p.name)))
+    findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
+    assert findings and all("float16" in f["fix"] and "no TF32" in f["fix"] for f in findings)
+
+
+def test_at201_amd_matrix_core_gemms_are_not_cuda_core(corpus_files):
+    trace = load(str(next(p for p in corpus_files if "mi250" in p.name)))
+    assert [f for f in lint_trace(trace).findings if f["rule"] == "AT201"] == []

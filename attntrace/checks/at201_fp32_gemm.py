@@ -19,6 +19,10 @@ FIXES = {
                    "`torch.autocast('cuda', dtype=torch.bfloat16)`.",
 }
 FIXES["unknown"] = FIXES["fp32-inputs"]
+# Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
+PRE_AMPERE_FIX = ("This GPU has no TF32 (compute capability < 8.0): its tensor cores run fp16. Use mixed "
+                  "precision, `torch.autocast('cuda', dtype=torch.float16)` with a `torch.cuda.amp.GradScaler` "
+                  "for training.")
 
 
 def _cause(ctx: Context, op: int | None) -> tuple[str, str]:
@@ -36,6 +40,11 @@ def _cause(ctx: Context, op: int | None) -> tuple[str, str]:
     if types and all(t in ("float", "Scalar", "") for t in types):
         return "fp32-inputs", "fp32 inputs with TF32 off"
     return "unknown", "fp32 GEMM (the inputs' types are not in the trace)"
+
+
+def _pre_ampere(ctx: Context, device: int | None) -> bool:
+    major = ctx.trace.meta.device(device).get("computeMajor")
+    return isinstance(major, int) and major < 8
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -62,6 +71,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
                       "assumed_tensor_core_speedup": ctx.params["expected_speedup"]},
             gpu_us_per_step=saved,
-            fix=FIXES[cause],
+            fix=PRE_AMPERE_FIX if _pre_ampere(ctx, rows[0]["device"]) else FIXES[cause],
         ))
     return findings

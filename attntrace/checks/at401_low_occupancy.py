@@ -29,7 +29,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     for k in per_kernel.iter_rows(named=True):
         us_per_step = k["us"] / ctx.step_count
         share = ctx.share_of_gpu(us_per_step)
-        if share < ctx.params["min_share"]:
+        if share < ctx.params["min_share"] or us_per_step < ctx.params["min_gpu_us"]:
             continue
         reported = k["reported"]
         computed = None
