@@ -107,10 +107,11 @@ def _variant_list(value: str) -> tuple[str, ...]:
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="attntrace-out", show_default=True)
 @click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
+@click.option("--with-stack", is_flag=True, help="Record Python stacks (findings then name your source lines).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def run(variants: str, batch: int | None, heads: int | None, seq: int | None, head_dim: int, dtype: str,
         causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
-        fmt: str) -> None:
+        with_stack: bool, fmt: str) -> None:
     """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]')."""
     try:
         from attntrace.capture import runner
@@ -125,7 +126,7 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
     if min(shape.batch, shape.heads, shape.seq, shape.head_dim, steps) < 1 or warmup < 0:
         raise click.BadParameter("sizes and --steps must be positive, --warmup non-negative")
     config = runner.RunConfig(_variant_list(variants), shape, dtype, causal, backward, steps, warmup, device,
-                              Path(out_dir))
+                              Path(out_dir), with_stack)
     try:
         meta, results = runner.run(config, progress=lambda line: click.echo(line, err=True))
     except RuntimeError as exc:

@@ -33,6 +33,7 @@ class RunConfig:
     warmup: int
     device: str
     out_dir: Path
+    with_stack: bool = False
 
 
 @dataclass
@@ -150,13 +151,13 @@ def time_step(step: Callable[[], None], device: torch.device, calls: int = 10, r
     return statistics.median(samples)
 
 
-def profile_steps(step: Callable[[], None], steps: int, trace_path: Path) -> None:
+def profile_steps(step: Callable[[], None], steps: int, trace_path: Path, with_stack: bool = False) -> None:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, record_shapes=True,
+    with profile(activities=activities, record_shapes=True, with_stack=with_stack,
                  schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                  on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path))) as prof:
         for _ in range(steps + 1):
@@ -192,7 +193,7 @@ def run_variant(variant: Variant, config: RunConfig, device: torch.device) -> Va
         torch.cuda.synchronize()
     result.event_ms = time_step(step, device)
     trace_path = config.out_dir / f"{variant.name}.pt.trace.json.gz"
-    profile_steps(step, config.steps, trace_path)
+    profile_steps(step, config.steps, trace_path, config.with_stack)
     result.status = "ok"
     result.trace = trace_path.name  # relative to the output directory, which may move
     return result
