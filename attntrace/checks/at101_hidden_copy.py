@@ -14,6 +14,10 @@ EXPLICIT_COPY_OPS = {"aten::clone", "aten::contiguous", "aten::copy_", "aten::to
 CAST_OPS = {"aten::to", "aten::_to_copy", "aten::type_as", "aten::_autocast_to_reduced_precision",
             "aten::_autocast_to_full_precision"}
 FIXES = {
+    "torch::autograd::AccumulateGrad": (
+        "The gradient reaches the leaf tensor in another memory layout (e.g. a transposed view from a fused "
+        "backward), so AccumulateGrad copies it into .grad. Create the leaf in the layout the gradient comes "
+        "in (e.g. allocate [B, S, H, D] and transpose to [B, H, S, D]) so that the gradient can be stolen."),
     "aten::masked_fill": "Use the in-place `masked_fill_` (e.g. `scores.masked_fill_(mask, float('-inf'))`; "
                          "under `torch.no_grad()` or where autograd allows it), or fuse the attention with "
                          "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
