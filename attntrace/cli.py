@@ -174,8 +174,12 @@ def _split(value: str | None) -> list[str]:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github", "markdown"]), default="text",
+              show_default=True)
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
+@click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
+              help="Fail only on findings not in this baseline; report known and fixed ones.")
+@click.option("--write-baseline", type=click.Path(dir_okay=False), help="Record the findings as a baseline file.")
 @click.option("--select", help="Comma-separated rule ids, names or prefixes to run (default: all).")
 @click.option("--ignore", help="Comma-separated rule ids, names or prefixes to skip.")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None,
@@ -184,18 +188,41 @@ def _split(value: str | None) -> list[str]:
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
-def lint(paths: tuple[str, ...], fmt: str, output: str | None, select: str | None, ignore: str | None,
-         fail_on: str | None, config_path: str | None, sets: tuple[str, ...], jobs: int) -> None:
+def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: str | None,
+         write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
+         config_path: str | None, sets: tuple[str, ...], jobs: int) -> None:
     """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
+    from attntrace import baseline
     from attntrace import lint as engine
+    from attntrace.catalog import load_rules
 
     settings = _settings(select, ignore, sets, fail_on, config_path)
+    try:
+        known = baseline.load(baseline_path) if baseline_path else None
+    except baseline.BaselineError as exc:
+        raise click.ClickException(str(exc)) from exc
     report = engine.run(list(paths), settings, jobs)
+    if known is not None:
+        baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:
         if trace["error"]:
             _error(f"{trace['path']}: {trace['error']['message']}")
+    if write_baseline:
+        _emit(baseline.dump(report), write_baseline)
     if fmt == "json":
         _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", output)
+    elif fmt == "sarif":
+        from attntrace.formats import sarif
+
+        _emit(orjson.dumps(sarif.render(report, load_rules()), option=orjson.OPT_INDENT_2) + b"\n", output)
+    elif fmt == "github":
+        from attntrace.formats import github
+
+        _emit(github.render(report), output)
+    elif fmt == "markdown":
+        from attntrace.formats import markdown
+
+        _emit(markdown.render(report), output)
     else:
         from attntrace.formats.text import render
 

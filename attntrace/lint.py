@@ -101,9 +101,11 @@ def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
 
 
 def exit_code(report: dict[str, Any], fail_on: str) -> int:
+    """2 for an unreadable input; 1 for a finding at or above fail_on (only new ones against a baseline)."""
     if report["summary"]["errors"]:
         return 2
     if fail_on == "never":
         return 0
     limit = SEVERITY_RANK[fail_on]
-    return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in report["findings"]) else 0
+    counted = [f for f in report["findings"] if f.get("baseline", "new") == "new"]
+    return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in counted) else 0

@@ -29,6 +29,9 @@ LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuL
                "cudaLaunchCooperativeKernel", "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel")
 
 _EMPTY_ARGS = Args()
+PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
+# Frames that are not the user's code: the interpreter, torch and installed libraries.
+LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|threading\.py|runpy"
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class Trace:
     syncs: pl.DataFrame  # cuda_sync events on the GPU timeline (a stream or device waiting)
     flows: pl.DataFrame
     op_events: list[Event]  # the decoded cpu ops, in ops-table order, for their raw input fields
-    python_events: int
+    python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
 
     # --- steps ------------------------------------------------------------------------------------
     @cached_property
@@ -295,6 +298,22 @@ class Trace:
         return bool(self.meta.flags.get("record_shapes")) or any(
             e.args is not None and e.args.input_dims for e in self.op_events[:2000])
 
+    def source_of(self, op: int | None) -> dict[str, Any] | None:
+        """The user's Python function around an op (innermost frame outside torch and libraries), from the
+        trace's Python stacks; None without with_stack. Kineto names a frame by the function's first line."""
+        if op is None or not self.python.height:
+            return None
+        row = self.ops.row(op, named=True)
+        frames = self.python.filter(
+            (pl.col("pid") == row["pid"]) & (pl.col("tid") == row["tid"]) & (pl.col("ts") <= row["ts"])
+            & (pl.col("end") >= row["ts"]) & ~pl.col("name").str.contains(LIBRARY_FRAMES)).sort("ts")
+        if not frames.height:
+            return None
+        match = PY_FRAME.match(frames["name"][-1])
+        if not match:
+            return None
+        return {"file": match["file"], "line": int(match["line"]), "function": match["function"]}
+
     @property
     def has_gpu(self) -> bool:
         return self.gpu.height > 0
@@ -366,7 +385,8 @@ def build(raw: RawTrace) -> Trace:
         gpu_annotations=_frame(pick(complete & (pl.col("cat") == "gpu_user_annotation")), {}),
         syncs=_frame(pick(complete & (pl.col("cat") == "cuda_sync")), _ID_FIELDS),
         flows=flows, op_events=ops_events,
-        python_events=int(kinds.filter(complete & (pl.col("cat") == "python_function")).height),
+        python=_frame(pick(complete & (pl.col("cat") == "python_function")), {}).select(
+            "name", "pid", "tid", "ts", "end"),
     )
 
 

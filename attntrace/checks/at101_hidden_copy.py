@@ -69,6 +69,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         count = len(rows) / ctx.step_count
         size = fmt_bytes(per_copy) if per_copy else "unknown size"
         findings.append(ctx.finding(
+            op=rows[0]["op"],
             key=f"{chain}|{kind}",
             message=(f"{culprit} makes a hidden {kind} of {size}, {count:g}x per step "
                      f"({fmt_us(us_per_step)} GPU per step) via {chain}"),

@@ -63,6 +63,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         saved = us_per_step * (1 - 1 / ctx.params["expected_speedup"])
         kernels = sorted({r["name"] for r in rows})
         findings.append(ctx.finding(
+            op=rows[0]["op"],
             key=f"{cause}|{chain}",
             message=(f"{len(rows) / ctx.step_count:g} FP32 GEMM(s) per step on CUDA cores, not tensor cores: "
                      f"{why} ({fmt_us(us_per_step)} GPU per step, {100 * share:.0f}% of step GPU time)"),

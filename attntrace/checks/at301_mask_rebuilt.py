@@ -51,6 +51,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         built = sorted({names[i] for i in builders})
         us_per_step = gpu_us / ctx.step_count
         findings.append(ctx.finding(
+            op=hits[0][0],
             key=caller,
             message=(f"a {side}x{side} causal mask is rebuilt {len(hits) / ctx.step_count:g}x per step under "
                      f"{caller} ({', '.join(built)}; {kernels / ctx.step_count:g} kernels, {fmt_us(us_per_step)} "

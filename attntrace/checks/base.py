@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import PurePath
@@ -75,11 +76,14 @@ class Context:
         return [t for t in types or [] if isinstance(t, str)]
 
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
-                gpu_us_per_step: float, fix: str, severity: str | None = None) -> dict[str, Any]:
+                gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None
+                ) -> dict[str, Any]:
         """A finding. The fingerprint hashes the rule, the trace's file name and a key made of names only
         (op chain, kernel), never timings, so it survives re-captures of the same program."""
-        trace_name = PurePath(self.trace.path).name
-        digest = hashlib.sha256(f"{self.rule.id}|{trace_name}|{key}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{self.rule.id}|{trace_label(self.trace.path)}|{key}".encode()).hexdigest()[:16]
+        source = self.trace.source_of(op)
+        if source:
+            where = {**where, "source": source}
         return {
             "rule": self.rule.id,
             "name": self.rule.name,
@@ -93,6 +97,15 @@ class Context:
             "fix": fix,
             "fingerprint": digest,
         }
+
+
+def trace_label(path: str) -> str:
+    """The trace's file name without extensions and with digit runs folded, so that re-captures of one
+    program (tensorboard_trace_handler names files {worker}.{time_ns}.pt.trace.json) share fingerprints."""
+    name = PurePath(path).name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        name = name.removesuffix(suffix)
+    return re.sub(r"\d+", "#", name)
 
 
 def steps_of(frame: pl.DataFrame) -> list[int]:

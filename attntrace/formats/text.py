@@ -38,7 +38,8 @@ def render(report: dict[str, Any], colour: bool) -> str:
         for f in found:
             impact = f["impact"]
             sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
-            out.append(f"  {style(f['rule'], bold=True)} {sev} {f['message']}")
+            known = {"known": " (known)", "new": " (new)"}.get(f.get("baseline", ""), "")
+            out.append(f"  {style(f['rule'], bold=True)} {sev} {f['message']}{known}")
             if f["where"].get("op_chain"):
                 out.append(f"      where: {f['where']['op_chain']}")
             if impact["gpu_us_per_step"]:
@@ -48,6 +49,10 @@ def render(report: dict[str, Any], colour: bool) -> str:
         for skip in skipped.get(path, []):
             out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))
         out.append("")
+    if report.get("baseline"):
+        b = report["baseline"]
+        out.append(f"baseline {b['path']}: {b['new']} new, {b['known']} known, {len(b['fixed'])} fixed")
+        out += [f"  fixed: {e['rule']} in {e['trace']}: {e['message']}" for e in b["fixed"]]
     counts = report["summary"]["findings"]
     out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; findings: "
                f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")

@@ -1,0 +1,59 @@
+"""Baselines: record today's findings by fingerprint, then fail only on findings that are new.
+
+A fingerprint hashes the rule, the trace's label and names (op chain, kernel), never timings, so a
+re-captured trace keeps the fingerprints of its known problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from attntrace.checks.base import trace_label
+
+VERSION = 1
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be read or written; the message names the file."""
+
+
+def dump(report: dict[str, Any]) -> bytes:
+    entries = sorted(({"fingerprint": f["fingerprint"], "rule": f["rule"], "trace": trace_label(f["trace"]),
+                       "message": f["message"]} for f in report["findings"]),
+                     key=lambda e: (e["trace"], e["rule"], e["fingerprint"]))
+    unique = list({e["fingerprint"]: e for e in entries}.values())
+    return orjson.dumps({"attntrace_baseline": VERSION, "findings": unique}, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def load(path: str) -> dict[str, dict[str, Any]]:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot read baseline ({exc.strerror or exc})") from exc
+    except orjson.JSONDecodeError as exc:
+        raise BaselineError(f"{path}: baseline is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("attntrace_baseline") != VERSION or not isinstance(
+            data.get("findings"), list):
+        raise BaselineError(f"{path}: not an attntrace baseline (write one with --write-baseline)")
+    try:
+        return {e["fingerprint"]: e for e in data["findings"]}
+    except (TypeError, KeyError) as exc:
+        raise BaselineError(f"{path}: baseline entry without a fingerprint") from exc
+
+
+def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -> None:
+    """Mark each finding new or known, and list the baseline entries of the linted traces that are gone."""
+    seen = set()
+    for finding in report["findings"]:
+        finding["baseline"] = "known" if finding["fingerprint"] in known else "new"
+        seen.add(finding["fingerprint"])
+    linted = {trace_label(t["path"]) for t in report["traces"] if not t["error"]}
+    fixed = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
+    report["baseline"] = {
+        "path": path,
+        "new": sum(f["baseline"] == "new" for f in report["findings"]),
+        "known": sum(f["baseline"] == "known" for f in report["findings"]),
+        "fixed": fixed,
+    }

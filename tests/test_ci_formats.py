@@ -1,0 +1,119 @@
+"""CI formats: SARIF against the official schema, the JSON report against ours, GitHub annotations,
+Markdown, and the baseline round trip."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib.resources import files
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, sample
+
+from attntrace.cli import main
+
+SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-schema-2.1.0.json"
+WITH_FINDINGS = sample("bf16_causal_fwd/sdpa_math")
+NO_FINDINGS = sample("bf16_causal_fwd/naive_inplace")
+WITH_STACK = sample("bf16_causal_fwd_stack/naive")
+
+
+def lint(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["lint", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout
+
+
+def report_schema() -> dict:
+    return json.loads(files("attntrace").joinpath("schema/report.schema.json").read_text())
+
+
+@pytest.mark.parametrize("paths", [[WITH_FINDINGS], [NO_FINDINGS], [WITH_STACK], [WITH_FINDINGS, "missing.json"]])
+def test_sarif_validates_against_official_schema(paths):
+    if not SARIF_SCHEMA.is_file():
+        pytest.skip("../shared/schemas/sarif-schema-2.1.0.json is absent")
+    _, out = lint(*paths, "--format", "sarif")
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads(SARIF_SCHEMA.read_text()))
+    run = doc["runs"][0]
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == ["AT101", "AT201", "AT301", "AT401", "AT501"]
+    for result in run["results"]:
+        assert result["partialFingerprints"]["attntrace/v1"]
+        assert result["level"] in ("error", "warning", "note")
+
+
+def test_sarif_points_at_user_source_with_stacks():
+    _, out = lint(WITH_STACK, "--format", "sarif")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    first = result["locations"][0]["physicalLocation"]
+    assert first["artifactLocation"]["uri"] == "attntrace/capture/variants.py"
+    assert first["region"]["startLine"] > 0
+    assert result["locations"][1]["physicalLocation"]["artifactLocation"]["uri"] == WITH_STACK
+
+
+@pytest.mark.parametrize("paths", [[WITH_FINDINGS], [NO_FINDINGS], [WITH_STACK, "missing.json"],
+                                   [sample("workloads/launch_bound_tiny_ops")]])
+def test_json_report_validates_against_our_schema(paths):
+    _, out = lint(*paths, "--format", "json")
+    jsonschema.validate(orjson.loads(out), report_schema())
+
+
+def test_github_annotations():
+    code, out = lint(WITH_STACK, "--format", "github")
+    assert code == 1
+    (line,) = out.splitlines()
+    assert line.startswith("::warning file=attntrace/capture/variants.py,line=")
+    assert "title=AT101 hidden-copy::" in line and "\n" not in line
+
+
+def test_markdown_report():
+    _, out = lint(WITH_FINDINGS, NO_FINDINGS, "--format", "markdown")
+    assert out.startswith("## attntrace:")
+    assert "| trace" in out and "AT201 fp32-gemm" in out and "allow_fp16_bf16_reduction_math_sdp" in out
+
+
+def test_baseline_round_trip(tmp_path: Path):
+    # One trace name, re-captured three times: the baseline run, a run with one more problem, a fixed run.
+    trace = tmp_path / "attention.pt.trace.json.gz"
+    base = tmp_path / "baseline.json"
+    shutil.copy(sample("bf16_causal_fwd/naive"), trace)
+    code, _ = lint(str(trace), "--write-baseline", str(base), "--ignore", "AT401")
+    assert code == 1 and len(orjson.loads(base.read_bytes())["findings"]) == 1
+
+    code, out = lint(str(trace), "--baseline", str(base), "--format", "json", "--ignore", "AT401")
+    report = orjson.loads(out)
+    assert code == 0 and [f["baseline"] for f in report["findings"]] == ["known"]
+
+    shutil.copy(sample("fp32_causal_fwd/naive"), trace)  # the same copy, plus FP32 GEMMs
+    code, out = lint(str(trace), "--baseline", str(base), "--format", "json", "--ignore", "AT401")
+    report = orjson.loads(out)
+    new = [f["rule"] for f in report["findings"] if f["baseline"] == "new"]
+    assert code == 1 and new == ["AT201"] and report["baseline"]["known"] == 1
+
+    shutil.copy(sample("bf16_causal_fwd/naive_inplace"), trace)  # the copy is gone
+    code, out = lint(str(trace), "--baseline", str(base), "--format", "json", "--ignore", "AT401")
+    report = orjson.loads(out)
+    assert code == 0 and [e["rule"] for e in report["baseline"]["fixed"]] == ["AT101"]
+
+
+def test_fingerprints_ignore_timings_and_capture_names(tmp_path: Path):
+    # The same program captured twice (different timings, tensorboard-style timestamped names).
+    first, second = tmp_path / "host_1.1700000000001.pt.trace.json.gz", tmp_path / "host_2.1700000009999.pt.trace.json.gz"
+    shutil.copy(sample("bf16_causal_fwd/naive"), first)
+    shutil.copy(sample("bf16_causal_fwd_stack/naive"), second)
+    _, a = lint(str(first), "--format", "json")
+    _, b = lint(str(second), "--format", "json")
+    fa, fb = orjson.loads(a)["findings"][0], orjson.loads(b)["findings"][0]
+    assert fa["evidence"]["gpu_us_per_step"] != fb["evidence"]["gpu_us_per_step"]
+    assert fa["fingerprint"] == fb["fingerprint"]
+
+
+def test_bad_baseline_is_one_line_error(tmp_path: Path):
+    bad = tmp_path / "b.json"
+    bad.write_text("[1, 2]")
+    result = CliRunner().invoke(main, ["lint", NO_FINDINGS, "--baseline", str(bad)])
+    assert result.exit_code == 2 and "not an attntrace baseline" in result.stderr
