@@ -268,3 +268,29 @@ def explain(rule: str) -> None:
         lines.append("## Parameters (set with --set RULE.param=VALUE or [tool.attntrace.rules.RULE])")
         lines += [f"- {p.name} = {p.default!r} {p.unit}: {p.description}" for p in r.parameters.values()]
     click.echo("\n".join(lines))
+
+
+# --- diff -----------------------------------------------------------------------------------------
+@main.command()
+@click.argument("base")
+@click.argument("new")
+@click.option("--fail-over", type=float, default=None, metavar="PCT",
+              help="Exit 1 when NEW's step time is more than PCT percent above BASE's, outside the step spread.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--output", "-o", help="Write the comparison to this file instead of stdout.")
+def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None) -> None:
+    """Compare two traces, or two directories of traces matched by name."""
+    from attntrace import diff as differ
+
+    for path in (base, new):
+        if not Path(path).exists():
+            raise click.ClickException(f"{path}: no such file or directory")
+    result = differ.compare(base, new, fail_over)
+    for c in result["comparisons"]:
+        for line in c["errors"]:
+            _error(line)
+    if fmt == "json":
+        _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output)
+    else:
+        _emit(differ.render(result), output)
+    sys.exit(EXIT_ERROR if result["errors"] else EXIT_FINDINGS if result["regressions"] else EXIT_OK)

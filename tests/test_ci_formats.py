@@ -102,7 +102,8 @@ def test_baseline_round_trip(tmp_path: Path):
 
 def test_fingerprints_ignore_timings_and_capture_names(tmp_path: Path):
     # The same program captured twice (different timings, tensorboard-style timestamped names).
-    first, second = tmp_path / "host_1.1700000000001.pt.trace.json.gz", tmp_path / "host_2.1700000009999.pt.trace.json.gz"
+    first = tmp_path / "host_1.1700000000001.pt.trace.json.gz"
+    second = tmp_path / "host_2.1700000009999.pt.trace.json.gz"
     shutil.copy(sample("bf16_causal_fwd/naive"), first)
     shutil.copy(sample("bf16_causal_fwd_stack/naive"), second)
     _, a = lint(str(first), "--format", "json")
