@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import orjson
@@ -30,6 +31,43 @@ def _emit(text: str | bytes, output: str | None) -> None:
         raise click.ClickException(f"{output}: cannot write output ({exc.strerror or exc})") from exc
 
 
+class ByteSize(click.ParamType):
+    name = "SIZE"
+    UNITS: ClassVar[dict[str, int]] = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = text[-1:] if text[-1:] in self.UNITS and text[-1:] else ""
+        try:
+            return int(float(text[: len(text) - len(unit)]) * self.UNITS[unit])
+        except ValueError:
+            self.fail(f"{value!r} is not a size such as 512M or 16G", param, ctx)
+
+
+def _read_options(max_size: int | None, salvage: bool) -> Any:
+    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions
+
+    return ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+
+
+READ_OPTIONS = [
+    click.option("--max-size", type=ByteSize(), default=None,
+                 help="Refuse a trace larger than this once decompressed (e.g. 4G).  [default: 16G or the "
+                      "memory available, whichever is less]"),
+    click.option("--salvage", is_flag=True,
+                 help="Analyse the complete events of a cut-off trace instead of refusing it; the report says "
+                      "it is incomplete."),
+]
+
+
+def read_options(command: Any) -> Any:
+    for option in reversed(READ_OPTIONS):
+        command = option(command)
+    return command
+
+
 def _error(line: str) -> None:
     click.echo(f"error: {line}", err=True)
 
@@ -48,10 +86,10 @@ def main() -> None:
 
 
 # --- summary --------------------------------------------------------------------------------------
-def _summarize_path(path: str) -> dict[str, Any]:
+def _summarize_path(path: str, options: Any) -> dict[str, Any]:
     from attntrace.summary import summarize
 
-    trace = load(path)
+    trace = load(path, options)
     return {"path": path, **summarize(trace)}
 
 
@@ -61,12 +99,15 @@ def _summarize_path(path: str) -> dict[str, Any]:
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces read in parallel.")
-def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int) -> None:
+@read_options
+def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max_size: int | None,
+            salvage: bool) -> None:
     """Per-trace and per-step numbers: GPU busy, CPU time, kernels, copies, launches, top kernels,
     tensor-core share of GEMM time, attention backends."""
     from attntrace.formats import summary_table
 
-    results = [r for r in map_inputs(list(paths), _summarize_path, jobs)
+    work = partial(_summarize_path, options=_read_options(max_size, salvage))
+    results = [r for r in map_inputs(list(paths), work, jobs)
                if not (isinstance(r, InputError) and r.kind == SKIPPED)]
     errors = [r for r in results if isinstance(r, InputError)]
     for err in errors:
@@ -188,9 +229,10 @@ def _split(value: str | None) -> list[str]:
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
+@read_options
 def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
-         config_path: str | None, sets: tuple[str, ...], jobs: int) -> None:
+         config_path: str | None, sets: tuple[str, ...], jobs: int, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
     from attntrace import baseline
     from attntrace import lint as engine
@@ -201,7 +243,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: st
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
         raise click.ClickException(str(exc)) from exc
-    report = engine.run(list(paths), settings, jobs)
+    report = engine.run(list(paths), settings, jobs, _read_options(max_size, salvage))
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:

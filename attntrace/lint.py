@@ -12,6 +12,7 @@ from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
 from attntrace.loading import SKIPPED, InputError, load, map_inputs
 from attntrace.model import Trace
+from attntrace.reader import ReadOptions
 from attntrace.summary import summarize
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
@@ -45,7 +46,7 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
     summary = summarize(trace)
     info = {"path": trace.path, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
-            "error": None}
+            "incomplete": trace.meta.incomplete, "error": None}
     report = TraceReport(trace.path, info)
     for rule_id in settings.enabled:
         rule = rules[rule_id]
@@ -61,8 +62,8 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
     return report
 
 
-def lint_path(path: str, settings: Settings) -> TraceReport:
-    return lint_trace(load(path), settings)
+def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:
+    return lint_trace(load(path, options), settings)
 
 
 def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
@@ -70,8 +71,9 @@ def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
             finding["rule"], finding["fingerprint"])
 
 
-def run(paths: list[str], settings: Settings, jobs: int = 1) -> dict[str, Any]:
-    results = list(map_inputs(paths, partial(lint_path, settings=settings), jobs))
+def run(paths: list[str], settings: Settings, jobs: int = 1,
+        options: ReadOptions = ReadOptions()) -> dict[str, Any]:  # noqa: B008
+    results = list(map_inputs(paths, partial(lint_path, settings=settings, options=options), jobs))
     return assemble(results)
 
 
@@ -83,7 +85,7 @@ def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
             continue
         if isinstance(result, InputError):
             traces.append({"path": result.path, "device": None, "steps": 0, "events": 0, "summary": None,
-                           "error": {"kind": result.kind, "message": result.message}})
+                           "incomplete": False, "error": {"kind": result.kind, "message": result.message}})
             continue
         traces.append(result.info)
         findings.extend(result.findings)

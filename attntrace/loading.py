@@ -25,8 +25,8 @@ class InputError:
         return f"{self.path}: {self.message}"
 
 
-def load(path: str, max_bytes: int = reader.DEFAULT_MAX_BYTES) -> model.Trace:
-    return model.build(reader.read(path, max_bytes))
+def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
+    return model.build(reader.read(path, options))
 
 
 def guarded(path: str, work: Callable[[str], T]) -> T | InputError:

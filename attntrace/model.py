@@ -42,6 +42,7 @@ class TraceMeta:
     distributed: dict[str, Any] | None
     dropped_events: int
     notes: list[str] = field(default_factory=list)
+    incomplete: bool = False
 
     def device(self, index: int | None) -> dict[str, Any]:
         """Properties of a GPU by index; the first one when the index is unknown."""
@@ -379,6 +380,7 @@ def build(raw: RawTrace) -> Trace:
         distributed=doc.distributedInfo,
         dropped_events=raw.dropped_events,
         notes=list(raw.notes),
+        incomplete=raw.incomplete,
     )
     return Trace(
         path=raw.path, size=raw.size, meta=meta, ops=ops, launches=launches, gpu=gpu,

@@ -22,7 +22,21 @@ from typing import Any
 import msgspec
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-DEFAULT_MAX_BYTES = 16 * 2**30  # decompressed size refused beyond this (see --max-size)
+
+
+def default_max_bytes() -> int:
+    """16 GiB, or the memory available now when that is less: a larger trace could not be analysed anyway."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return min(16 * 2**30, int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 * 2**30
+
+
+DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this (--max-size)
 
 
 class TraceError(Exception):
@@ -90,6 +104,13 @@ class RawTrace:
     document: Document
     dropped_events: int = 0
     notes: list[str] = field(default_factory=list)
+    incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    max_bytes: int = DEFAULT_MAX_BYTES
+    salvage: bool = False  # analyse the complete events of a cut-off file instead of refusing it
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
@@ -111,7 +132,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
             if not found:
                 yield TraceError("not-found", f"{given}: no trace files (*.json, *.json.gz) in this directory")
             yield from ((p, True) for p in found)
-        elif path.exists():
+        elif os.path.lexists(path):  # a broken or looping link is named by open()'s own error
             yield given, False
         else:
             yield TraceError("not-found", f"{given}: no such file or directory")
@@ -126,8 +147,9 @@ def _walk_traces(root: Path) -> Iterator[str]:
                 yield os.path.join(folder, name)
 
 
-def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The file's bytes, gunzipped when they are gzip, refusing more than max_bytes decompressed."""
+def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> tuple[bytes, bool]:
+    """The file's bytes, gunzipped when they are gzip, refusing more than max_bytes decompressed, and whether
+    the gzip stream was cut off (only returned, not refused, with salvage)."""
     try:
         if path == "-":
             data = sys.stdin.buffer.read()
@@ -139,20 +161,23 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     except OSError as exc:
         raise TraceError("unreadable", exc.strerror or str(exc)) from exc
     if data[:2] == b"\x1f\x8b":
-        return _gunzip(data, max_bytes)
+        return _gunzip(data, max_bytes, salvage)
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
-    return data
+    return data, False
 
 
-def _gunzip(data: bytes, max_bytes: int) -> bytes:
-    # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory.
+def _gunzip(data: bytes, max_bytes: int, salvage: bool) -> tuple[bytes, bool]:
+    # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory,
+    # and garbage is refused after the first chunk, not after all of it.
     out = io.BytesIO()
     decomp = zlib.decompressobj(wbits=47)
     pending = data
     try:
         while pending:
             chunk = decomp.decompress(pending, 1 << 24)
+            if not out.tell():
+                _sniff_json(chunk)
             out.write(chunk)
             if out.tell() > max_bytes:
                 raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
@@ -161,14 +186,25 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
                 # A second gzip member follows (concatenated gzip files are valid gzip).
                 pending = decomp.unused_data
                 decomp = zlib.decompressobj(wbits=47)
-        if not decomp.eof:
-            raise TraceError("truncated", "gzip stream is cut off")
     except zlib.error as exc:
-        raise TraceError("bad-gzip", f"not a valid gzip stream ({exc})") from exc
-    return out.getvalue()
+        if not (salvage and out.tell()):
+            raise TraceError("bad-gzip", f"not a valid gzip stream ({exc})") from exc
+        return out.getvalue(), True
+    if not decomp.eof:
+        if not salvage:
+            raise TraceError("truncated", "gzip stream is cut off (--salvage analyses the complete events)")
+        return out.getvalue(), True
+    return out.getvalue(), False
 
 
-def decode(path: str, data: bytes) -> RawTrace:
+def _sniff_json(head: bytes) -> None:
+    first = _NON_SPACE.search(head.removeprefix(b"\xef\xbb\xbf"))
+    if first is not None and head.removeprefix(b"\xef\xbb\xbf")[first.start():first.start() + 1] not in b"{[":
+        raise TraceError("not-json", "the gzip stream does not hold JSON (it starts with "
+                         f"{head[first.start():first.start() + 12]!r})")
+
+
+def decode(path: str, data: bytes, salvage: bool = False) -> RawTrace:
     """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -186,6 +222,8 @@ def decode(path: str, data: bytes) -> RawTrace:
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
     except msgspec.DecodeError as exc:
+        if salvage and "truncated" in str(exc):
+            return _salvage(path, data, start)
         return _decode_nonstandard(path, data, exc)
     raise TraceError("not-json", f"not a JSON object or list (starts with {data[start:start + 12]!r})")
 
@@ -302,8 +340,49 @@ def _what_is_it(document: dict[str, Any]) -> str:
     return f"JSON object without traceEvents (keys: {shown})"
 
 
-def read(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RawTrace:
-    return decode(path, load_bytes(path, max_bytes))
+def read(path: str, options: ReadOptions = ReadOptions()) -> RawTrace:
+    data, cut = load_bytes(path, options.max_bytes, options.salvage)
+    if not cut:
+        return decode(path, data, options.salvage)
+    try:
+        raw = decode(path, data, salvage=False)
+    except TraceError:
+        return _salvage(path, data, _NON_SPACE.search(data).start() if _NON_SPACE.search(data) else 0)
+    raw.incomplete = True
+    raw.notes.append("incomplete trace: the gzip stream was cut off")
+    return raw
+
+
+SALVAGE_ATTEMPTS = 64
+
+
+def _salvage(path: str, data: bytes, start: int) -> RawTrace:
+    """Keep the events that are complete in a cut-off file: close the event list after the last event that
+    ends before the cut, and decode that. The report then says the trace is incomplete."""
+    head = data[start:start + 1]
+    if head == b"{":
+        key = data.find(b'"traceEvents"', start)
+        opening = data.find(b"[", key) if key >= 0 else -1
+        closing = b"]}"
+    else:
+        opening, closing = start, b"]"
+    if opening < 0:
+        raise TraceError("truncated", "JSON is cut off before any event")
+    cut = len(data)
+    for _ in range(SALVAGE_ATTEMPTS):
+        cut = data.rfind(b"}", opening, cut)
+        if cut < 0:
+            break
+        try:
+            raw = decode(path, data[:cut + 1] + closing)
+        except TraceError:
+            continue
+        events = len(raw.document.traceEvents)
+        raw.incomplete = True
+        raw.notes.append(f"incomplete trace: the file is cut off at byte {len(data)}; "
+                         f"{events} complete events before the cut were analysed")
+        return raw
+    raise TraceError("truncated", "JSON is cut off and no complete event could be recovered")
 
 
 def decode_raw(raw: msgspec.Raw) -> Any:

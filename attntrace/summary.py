@@ -103,6 +103,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "per_step": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                      for row in steps.iter_rows(named=True)],
         "notes": trace.meta.notes,
+        "incomplete": trace.meta.incomplete,
     }
 
 
