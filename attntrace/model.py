@@ -241,6 +241,14 @@ class Trace:
             stack.append((end, idx))
         return parent
 
+    @cached_property
+    def op_children(self) -> dict[int | None, list[int]]:
+        """Child ops of each op, in start order (None holds the top-level ops)."""
+        children: dict[int | None, list[int]] = {}
+        for idx in self.ops.sort("ts")["idx"].to_list():
+            children.setdefault(self.op_parent[idx], []).append(idx)
+        return children
+
     def _innermost_ops(self, calls: pl.DataFrame) -> list[int | None]:
         """For each call, the innermost cpu_op/user_annotation containing it on the same thread."""
         if not calls.height or not self.ops.height:

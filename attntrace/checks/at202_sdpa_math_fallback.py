@@ -1,0 +1,78 @@
+"""AT202 sdpa-math-fallback: SDPA ran its unfused math backend, and the likely reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from attntrace.checks.base import Context, fmt_us
+
+MATH = "aten::_scaled_dot_product_attention_math"
+SDPA = "aten::scaled_dot_product_attention"
+HALF = {"c10::BFloat16", "c10::Half"}
+
+
+def _reason(ctx: Context, sdpa_op: int | None, device: dict[str, Any]) -> tuple[str, str]:
+    """(reason id, sentence) from the SDPA call's inputs: q, k, v, attn_mask, dropout_p, is_causal, ..."""
+    if sdpa_op is None:
+        return "unknown", "the trace does not show the SDPA call's inputs"
+    dims, types, concrete = ctx.trace.op_input(sdpa_op)
+    if not dims or not types:
+        return "unknown", "the inputs are not in the trace (capture with record_shapes=True to see why)"
+    q_dims = dims[0] if isinstance(dims[0], list) else []
+    dtype = str(types[0]).removeprefix("c10::")
+    head_dim = q_dims[-1] if q_dims else None
+    has_mask = len(dims) > 3 and isinstance(dims[3], list) and len(dims[3]) > 0
+    causal = bool(concrete and len(concrete) > 5 and str(concrete[5]).lower() == "true")
+    if types[0] == "double":
+        return "fp64", "float64 inputs: only the math backend takes them"
+    if has_mask and causal:
+        return "mask-and-causal", "an explicit attn_mask together with is_causal=True: the fused kernels take one"
+    if types[0] not in HALF and types[0] != "float":
+        return "dtype", f"{dtype} inputs, which the fused kernels do not take"
+    major = device.get("computeMajor")
+    old_gpu = isinstance(major, int) and major < 8
+    if types[0] == "float":
+        eligible = "memory-efficient (flash and cuDNN need fp16/bf16)"
+    elif isinstance(head_dim, int) and head_dim > 256:
+        eligible = "memory-efficient (flash and cuDNN stop at head dim 256)"
+    elif old_gpu:
+        eligible = "memory-efficient (flash and cuDNN need compute capability 8.0)"
+    else:
+        eligible = "flash, memory-efficient and cuDNN"
+    what = f"{dtype}, head dim {head_dim}, {'with' if has_mask else 'no'} mask"
+    return "pinned", (f"a fused kernel could take these inputs ({what}): {eligible}; so the math backend was "
+                      "pinned (sdpa_kernel(SDPBackend.MATH)) or the fused backends are disabled")
+
+
+def check(ctx: Context) -> list[dict[str, Any]]:
+    names = ctx.trace.op_names
+    maths = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & (pl.col("name") == MATH))
+    groups: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+    device = ctx.trace.meta.device(None)
+    for op, step in maths.select("idx", "step").iter_rows():
+        parent = ctx.trace.op_parent[op]
+        sdpa_op = parent if parent is not None and names[parent] == SDPA else None
+        reason, sentence = _reason(ctx, sdpa_op if sdpa_op is not None else op, device)
+        chain = " > ".join(ctx.trace.op_chain(op))
+        groups.setdefault((reason, sentence, chain), []).append((op, step))
+    findings = []
+    for (reason, sentence, chain), hits in sorted(groups.items()):
+        math_ops = {op for op, _ in hits}
+        rows = [(op, dur) for op, dur in ctx.gpu.select("op", "dur").iter_rows()
+                if op is not None and math_ops.intersection(ctx.trace.op_ancestors(op))]
+        us_per_step = sum(d for _, d in rows) / ctx.step_count
+        per_step = len(hits) / ctx.step_count
+        findings.append(ctx.finding(
+            op=hits[0][0],
+            key=f"{reason}|{chain}",
+            message=(f"SDPA ran the math backend {per_step:g}x per step ({len(rows) / max(len(hits), 1):g} kernels "
+                     f"per call, {fmt_us(us_per_step)} GPU per step): {sentence}"),
+            where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},
+            evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": len(rows) / max(len(hits), 1),
+                      "gpu_us_per_step": us_per_step, "assumed_fused_speedup": ctx.params["expected_speedup"]},
+            gpu_us_per_step=us_per_step * (1 - 1 / ctx.params["expected_speedup"]),
+            fix=ctx.rule.docs["fix"],
+        ))
+    return findings

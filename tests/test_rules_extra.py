@@ -1,0 +1,104 @@
+"""The second group of rules (AT102, AT202, AT203, AT302, AT402) on real H200 traces: fire and silent."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from conftest import sample
+
+from attntrace.lint import lint_trace
+from attntrace.loading import load
+
+
+@cache
+def findings(name: str, rule: str) -> list[dict]:
+    return [f for f in lint_trace(load(sample(name))).findings if f["rule"] == rule]
+
+
+# --- AT102 materialized-scores ---------------------------------------------------------------------
+def test_at102_eager_gpt2_names_the_chain_and_bytes():
+    (f,) = findings("workloads/gpt2_eager_train", "AT102")
+    assert f["where"]["op_chain"].startswith("aten::matmul > aten::div")
+    assert f["where"]["op_chain"].endswith("aten::where > aten::softmax > aten::matmul")
+    ev = f["evidence"]
+    assert ev["seq_len"] == 511 and ev["score_shape"] == [8, 8, 511, 511]
+    assert ev["calls_per_step"] == 4  # one per layer
+    assert ev["score_bytes"] == 8 * 8 * 511 * 511 * 2
+    assert ev["bytes_per_step"] == ev["memory_passes"] * ev["score_bytes"] * 4
+    assert "scaled_dot_product_attention" in f["fix"]
+
+
+def test_at102_naive_microbenchmark():
+    (f,) = findings("bf16_causal_fwd/naive", "AT102")
+    assert f["where"]["op_chain"] == "aten::matmul > aten::mul > aten::masked_fill > aten::softmax > aten::matmul"
+    assert f["evidence"]["score_bytes"] == 512 * 2**20
+
+
+@pytest.mark.parametrize("name", ["workloads/gpt2_sdpa_train", "bf16_causal_fwd/sdpa_math", "bf16_causal_fwd/sdpa",
+                                  "bf16_causal_fwd/sdpa_flash", "bf16_causal_fwd/flex", "bf16_causal_fwd/compiled"])
+def test_at102_silent_on_sdpa_and_fused(name):
+    assert findings(name, "AT102") == []
+
+
+# --- AT202 sdpa-math-fallback ----------------------------------------------------------------------
+def test_at202_pinned_math_with_eligible_inputs():
+    (f,) = findings("bf16_causal_fwd/sdpa_math", "AT202")
+    assert f["evidence"]["reason"] == "pinned" and "SDPBackend.MATH" in f["message"]
+    assert f["evidence"]["kernels_per_call"] == 20
+
+
+def test_at202_head_dim_512_names_the_only_fused_kernel():
+    (f,) = findings("bf16_causal_fwd_d512/sdpa_math", "AT202")
+    assert "head dim 512" in f["message"] and "memory-efficient" in f["message"]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/sdpa", "bf16_causal_fwd_d512/sdpa", "workloads/gpt2_sdpa_train",
+                                  "fp32_causal_fwd/sdpa", "bf16_causal_fwd/naive"])
+def test_at202_silent_when_a_fused_backend_ran(name):
+    assert findings(name, "AT202") == []
+
+
+# --- AT203 fp32-attention --------------------------------------------------------------------------
+def test_at203_fp32_efficient_kernels():
+    (fwd,) = findings("fp32_causal_fwd/sdpa", "AT203")
+    assert fwd["where"]["kernel"].startswith("fmha_cutlassF_f32")
+    assert fwd["impact"]["gpu_us_per_step"] == pytest.approx(fwd["evidence"]["gpu_us_per_step"] * (1 - 1 / 3))
+    kernels = sorted(f["where"]["kernel"][:14] for f in findings("fp32_causal_fwdbwd/sdpa", "AT203"))
+    assert kernels == ["fmha_cutlassB_", "fmha_cutlassF_"]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/sdpa_efficient", "bf16_causal_fwd/sdpa_flash"])
+def test_at203_silent_on_half_precision(name):
+    assert findings(name, "AT203") == []
+
+
+# --- AT302 host-sync -------------------------------------------------------------------------------
+def test_at302_item_every_step():
+    (f,) = findings("workloads/gpt2_eager_train", "AT302")
+    assert f["where"]["op_chain"] == "aten::item > aten::_local_scalar_dense"
+    assert f["evidence"]["syncs_per_step"] == 1 and f["evidence"]["apis"] == ["cudaStreamSynchronize"]
+    idle = f["evidence"]["gpu_idle_us_after_each"]
+    assert len(idle) == 3 and idle[0] > 0 and idle[1] > 0
+    assert idle[2] is None  # the trace ends before the GPU runs again
+    assert ".item()" in f["message"]
+
+
+@pytest.mark.parametrize("name", ["workloads/gpt2_sdpa_train", "bf16_causal_fwd/naive",
+                                  "workloads/launch_bound_tiny_ops"])
+def test_at302_silent_without_syncs(name):
+    assert findings(name, "AT302") == []
+
+
+# --- AT402 gpu-idle --------------------------------------------------------------------------------
+def test_at402_launch_bound_step_idles():
+    (f,) = findings("workloads/launch_bound_tiny_ops", "AT402")
+    assert f["evidence"]["idle_share"] > 0.8
+    assert "aten::add" in f["evidence"]["largest_gaps"][0]["cpu_ops"] or \
+        "aten::mul" in f["evidence"]["largest_gaps"][0]["cpu_ops"]
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/naive", "bf16_causal_fwd/sdpa_math",
+                                  "workloads/low_occupancy_kernel"])
+def test_at402_silent_when_gpu_bound(name):
+    assert findings(name, "AT402") == []
