@@ -54,8 +54,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     return [ctx.finding(
         key="gpu-idle",
         message=(f"the GPU is idle {100 * share:.0f}% of each step ({fmt_us(idle_per_step)} of "
-                 f"{fmt_us(span_per_step)}) in {len(bad)} of {len(idle_rows)} steps; the largest gap ({fmt_us(largest[0]['idle_us'])}) "
-                 f"waits on {named}"),
+                 f"{fmt_us(span_per_step)}) in {len(bad)} of {len(idle_rows)} steps; the largest gap "
+                 f"({fmt_us(largest[0]['idle_us'])}) waits on {named}"),
         where={"op_chain": None, "kernel": None, "steps": sorted({int(r[0]) for r in bad})},
         evidence={"idle_us_per_step": idle_per_step, "gpu_span_us_per_step": span_per_step, "idle_share": share,
                   "gaps_per_step": sum(len(r[4]) for r in bad) / len(bad), "largest_gaps": largest},
