@@ -83,15 +83,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         # Each op between the two matmuls that launches GPU work reads and writes the S x S tensor once
         # (views such as slices launch none), once more for a copy it makes; the first matmul writes the
         # tensor and the last one reads it.
-        chain_ops = {o for _, _, chain, _, _ in hits for o in chain[1:-1]}
-        kinds_by_op: dict[int, set[str]] = defaultdict(set)
-        gpu_us = 0.0
-        for op, kind, dur in ctx.gpu.select("op", "kind", "dur").iter_rows():
-            owner = chain_ops.intersection(ctx.trace.op_ancestors(op)) if op is not None else None
-            if owner:
-                gpu_us += dur
-                kinds_by_op[owner.pop()].add(kind)
-        passes = 2 + sum(2 + 2 * ("memcpy" in kinds) for kinds in kinds_by_op.values()) / len(hits)
+        launched = ctx.gpu_under({o for _, _, chain, _, _ in hits for o in chain[1:-1]})
+        gpu_us = float(launched["dur"].sum())
+        copies = launched.group_by("under").agg((pl.col("kind") == "memcpy").any().alias("copies"))["copies"]
+        passes = 2 + sum(2 + 2 * copied for copied in copies.to_list()) / len(hits)
         moved = passes * score_bytes * per_step
         us_per_step = gpu_us / ctx.step_count
         side = hits[0][3]

@@ -59,18 +59,16 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         groups.setdefault((reason, sentence, chain), []).append((op, step))
     findings = []
     for (reason, sentence, chain), hits in sorted(groups.items()):
-        math_ops = {op for op, _ in hits}
-        rows = [(op, dur) for op, dur in ctx.gpu.select("op", "dur").iter_rows()
-                if op is not None and math_ops.intersection(ctx.trace.op_ancestors(op))]
-        us_per_step = sum(d for _, d in rows) / ctx.step_count
+        rows = ctx.gpu_under({op for op, _ in hits})
+        us_per_step = float(rows["dur"].sum()) / ctx.step_count
         per_step = len(hits) / ctx.step_count
         findings.append(ctx.finding(
             op=hits[0][0],
             key=f"{reason}|{chain}",
-            message=(f"SDPA ran the math backend {per_step:g}x per step ({len(rows) / max(len(hits), 1):g} kernels "
+            message=(f"SDPA ran the math backend {per_step:g}x per step ({rows.height / len(hits):g} kernels "
                      f"per call, {fmt_us(us_per_step)} GPU per step): {sentence}"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},
-            evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": len(rows) / max(len(hits), 1),
+            evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": rows.height / len(hits),
                       "gpu_us_per_step": us_per_step, "assumed_fused_speedup": ctx.params["expected_speedup"]},
             gpu_us_per_step=us_per_step * (1 - 1 / ctx.params["expected_speedup"]),
             fix=ctx.rule.docs["fix"],

@@ -42,11 +42,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         # The whole construction: the triangle op and its mask-building siblings under the same caller.
         parents = {parent[op] for op, _, _ in hits}
         builders = {i for i, p in enumerate(parent) if p in parents and names[i] in BUILD_OPS}
-        gpu_us, kernels = 0.0, 0
-        for op, dur in ctx.gpu.select("op", "dur").iter_rows():
-            if op is not None and builders.intersection(ctx.trace.op_ancestors(op)):
-                gpu_us += dur
-                kernels += 1
+        launched = ctx.gpu_under(builders)
+        gpu_us, kernels = float(launched["dur"].sum()), launched.height
         side = hits[0][2]
         built = sorted({names[i] for i in builders})
         us_per_step = gpu_us / ctx.step_count

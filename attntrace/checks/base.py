@@ -66,6 +66,15 @@ class Context:
         """GPU activity inside steps, linked to its launch and op."""
         return self.trace.gpu_linked.filter(pl.col("step").is_not_null())
 
+    def gpu_under(self, ops: set[int]) -> pl.DataFrame:
+        """GPU activity in steps launched by any of `ops` or by ops nested in them; `under` names which."""
+        owners = []
+        for op in self.gpu["op"].to_list():
+            ancestors = self.trace.op_ancestors(op) if op is not None else []
+            owners.append(next((a for a in ancestors if a in ops), None))
+        return self.gpu.with_columns(pl.Series("under", owners, dtype=pl.Int64)).filter(
+            pl.col("under").is_not_null())
+
     def share_of_gpu(self, us_per_step: float) -> float:
         return us_per_step / self.step_gpu_us if self.step_gpu_us else 0.0
 
