@@ -216,9 +216,9 @@ def decode(path: str, data: bytes, salvage: bool = False) -> RawTrace:
     head = data[start:start + 1]
     try:
         if head == b"[":
-            return RawTrace(path, len(data), _detach_inputs(Document(traceEvents=_EVENTS.decode(data))))
+            return RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data)))
         if head == b"{":
-            return RawTrace(path, len(data), _detach_inputs(_DOCUMENT.decode(data)))
+            return RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
     except msgspec.DecodeError as exc:
@@ -226,18 +226,6 @@ def decode(path: str, data: bytes, salvage: bool = False) -> RawTrace:
             return _salvage(path, data, start)
         return _decode_nonstandard(path, data, exc)
     raise TraceError("not-json", f"not a JSON object or list (starts with {data[start:start + 12]!r})")
-
-
-def _detach_inputs(doc: Document) -> Document:
-    """Copy the raw input fields out of the file's buffer. A Raw value is a view that keeps the whole file
-    alive; copying the few bytes each op needs lets the buffer go as soon as decoding is done."""
-    for e in doc.traceEvents:
-        a = e.args
-        if a is not None and a.input_dims:
-            a.input_dims = msgspec.Raw(bytes(a.input_dims))
-            a.input_types = msgspec.Raw(bytes(a.input_types))
-            a.concrete_inputs = msgspec.Raw(bytes(a.concrete_inputs))
-    return doc
 
 
 def _decode_tolerant(path: str, data: bytes) -> RawTrace:
