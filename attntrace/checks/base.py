@@ -68,12 +68,18 @@ class Context:
 
     def gpu_under(self, ops: set[int]) -> pl.DataFrame:
         """GPU activity in steps launched by any of `ops` or by ops nested in them; `under` names which."""
-        owners = []
-        for op in self.gpu["op"].to_list():
-            ancestors = self.trace.op_ancestors(op) if op is not None else []
-            owners.append(next((a for a in ancestors if a in ops), None))
-        return self.gpu.with_columns(pl.Series("under", owners, dtype=pl.Int64)).filter(
-            pl.col("under").is_not_null())
+        # Walk down from the given ops (few) rather than up from every GPU event (many).
+        owner: dict[int, int] = {}
+        children = self.trace.op_children
+        for root in sorted(ops):
+            todo = [root]
+            while todo:
+                op = todo.pop()
+                owner.setdefault(op, root)
+                todo.extend(children.get(op, ()))
+        mapping = pl.DataFrame({"op": list(owner), "under": list(owner.values())},
+                               schema={"op": pl.Int64, "under": pl.Int64})
+        return self.gpu.with_columns(pl.col("op").cast(pl.Int64)).join(mapping, on="op", how="inner").sort("idx")
 
     def share_of_gpu(self, us_per_step: float) -> float:
         return us_per_step / self.step_gpu_us if self.step_gpu_us else 0.0
