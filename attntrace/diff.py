@@ -13,7 +13,6 @@ from attntrace.checks.base import trace_label
 from attntrace.lint import TraceReport, lint_trace
 from attntrace.loading import InputError, guarded, load
 from attntrace.reader import discover
-from attntrace.summary import per_step
 
 METRICS = ("step_us", "gpu_busy_us", "cpu_us", "kernels", "memcpy", "memset", "launches", "launch_cpu_us")
 
@@ -29,11 +28,6 @@ def pairs(base: str, new: str) -> list[tuple[str | None, str | None]]:
 
     left, right = by_label(base), by_label(new)
     return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))]
-
-
-def _steps(report: TraceReport, trace: Any) -> pl.DataFrame:
-    table = per_step(trace)
-    return table.with_columns(pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"))
 
 
 def _classes(trace: Any, steps: int) -> dict[str, float]:
@@ -59,7 +53,7 @@ def compare_pair(base: str, new: str, fail_over: float | None) -> dict[str, Any]
         return {"base": base, "new": new, "errors": [f"{e.path}: {e.message}" for e in errors],
                 "not_traces": all(e.kind == "not-a-trace" for e in errors)}
     (bt, br), (nt, nr) = results  # type: ignore[misc]
-    bs, ns = _steps(br, bt), _steps(nr, nt)
+    bs, ns = bt.step_table, nt.step_table
     metrics = {}
     for m in METRICS:
         b, n = bs[m], ns[m]

@@ -145,6 +145,27 @@ class Trace:
                                 schema={"step": pl.Int64, "ts": pl.Float64, "end": pl.Float64})
         return pl.DataFrame({"step": [-1], "ts": [min(starts)], "end": [max(ends)]})
 
+    @cached_property
+    def step_table(self) -> pl.DataFrame:
+        """One row per step: step, cpu_us (the step's CPU span), gpu_busy_us, kernels, memcpy, memset,
+        kernel_us, launches, launch_cpu_us, and step_us = max(cpu_us, gpu_busy_us)."""
+        steps = self.steps.select("step", (pl.col("end") - pl.col("ts")).alias("cpu_us"))
+        gpu = self.gpu_linked.filter(pl.col("step").is_not_null())
+        counts = gpu.group_by("step").agg(
+            (pl.col("kind") == "kernel").sum().alias("kernels"),
+            (pl.col("kind") == "memcpy").sum().alias("memcpy"),
+            (pl.col("kind") == "memset").sum().alias("memset"),
+            pl.col("dur").filter(pl.col("kind") == "kernel").sum().alias("kernel_us"))
+        launches = self.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_not_null()).group_by(
+            "step").agg(pl.len().alias("launches"), pl.col("dur").sum().alias("launch_cpu_us"))
+        busy = busy_us(gpu, ["step"]).rename({"busy_us": "gpu_busy_us"})
+        table = (steps.join(busy, on="step", how="left").join(counts, on="step", how="left")
+                 .join(launches, on="step", how="left").sort("step"))
+        return table.with_columns(
+            pl.col("gpu_busy_us", "kernel_us", "launch_cpu_us").cast(pl.Float64).fill_null(0.0),
+            pl.col("kernels", "memcpy", "memset", "launches").fill_null(0).cast(pl.Int64),
+        ).with_columns(pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"))
+
     @property
     def has_step_markers(self) -> bool:
         return bool(self.steps.height) and self.steps["step"][0] != -1

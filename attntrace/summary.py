@@ -27,27 +27,6 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)
 
 
-def per_step(trace: Trace) -> pl.DataFrame:
-    """One row per step: step, cpu_us, gpu_busy_us, kernels, memcpy, memset, launches, launch_cpu_us."""
-    steps = trace.steps.select("step", (pl.col("end") - pl.col("ts")).alias("cpu_us"))
-    if not steps.height:
-        return steps
-    gpu = trace.gpu_linked.filter(pl.col("step").is_not_null())
-    counts = gpu.group_by("step").agg(
-        (pl.col("kind") == "kernel").sum().alias("kernels"),
-        (pl.col("kind") == "memcpy").sum().alias("memcpy"),
-        (pl.col("kind") == "memset").sum().alias("memset"),
-        pl.col("dur").filter(pl.col("kind") == "kernel").sum().alias("kernel_us"))
-    launches = trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_not_null()).group_by(
-        "step").agg(pl.len().alias("launches"), pl.col("dur").sum().alias("launch_cpu_us"))
-    busy = busy_us(gpu, ["step"]).rename({"busy_us": "gpu_busy_us"})
-    table = (steps.join(busy, on="step", how="left").join(counts, on="step", how="left")
-             .join(launches, on="step", how="left").sort("step"))
-    return table.with_columns(
-        pl.col("gpu_busy_us", "kernel_us", "launch_cpu_us").fill_null(0.0),
-        pl.col("kernels", "memcpy", "memset", "launches").fill_null(0).cast(pl.Int64))
-
-
 def top_kernels(trace: Trace, limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
     kernels = trace.gpu.filter(pl.col("kind") == "kernel")
     total = kernels["dur"].sum() or 0.0
@@ -82,7 +61,7 @@ def attention_backends(trace: Trace) -> list[str]:
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
-    steps = per_step(trace)
+    steps = trace.step_table.drop("step_us")
     split = gemm_split(trace)
     gemm_total = sum(split.values())
     known = gemm_total - split["unknown"]

@@ -10,7 +10,6 @@ import pytest
 from conftest import sample
 
 from attntrace.loading import load
-from attntrace.summary import per_step
 
 NAIVE = sample("bf16_causal_fwd/naive")
 
@@ -66,7 +65,7 @@ def test_steps(trace, raw):
 
 
 def test_kernels_copies_and_busy_per_step(trace, raw):
-    table = per_step(trace)
+    table = trace.step_table
     expected = _gpu_by_step(raw)
     for row in table.iter_rows(named=True):
         events = expected[row["step"]]
@@ -114,4 +113,4 @@ def test_device_and_flags(trace):
     ("bf16_causal_fwd/sdpa_efficient", 1), ("bf16_causal_fwd/sdpa_cudnn", 1), ("bf16_causal_fwd/compiled", 3),
 ])
 def test_kernels_per_forward(name, kernels):
-    assert set(per_step(load(sample(name)))["kernels"].to_list()) == {kernels}
+    assert set(load(sample(name)).step_table["kernels"].to_list()) == {kernels}

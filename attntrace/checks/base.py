@@ -13,7 +13,6 @@ import polars as pl
 
 from attntrace.catalog import Rule
 from attntrace.model import Trace
-from attntrace.summary import per_step
 
 ITEM_SIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "int": 4, "long int": 8,
              "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1,
@@ -41,13 +40,10 @@ class Context:
     params: dict[str, Any]
     severity: str
 
-    @cached_property
+    @property
     def steps(self) -> pl.DataFrame:
-        """Per-step numbers (see summary.per_step), plus step_us = max(CPU step time, GPU busy time)."""
-        table = per_step(self.trace)
-        if not table.height:
-            return table
-        return table.with_columns(pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"))
+        """Per-step numbers (Trace.step_table)."""
+        return self.trace.step_table
 
     @property
     def step_count(self) -> int:

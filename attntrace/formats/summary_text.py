@@ -17,7 +17,7 @@ def summary_table(s: dict[str, Any]) -> str:
         f"{s['path']}",
         f"  device: {s['device'] or 'none (CPU only)'}   steps: {s['steps'] or 'none (whole trace)'}   "
         f"attention: {', '.join(s['attention_backends']) or 'none found'}",
-        f"  GPU busy {_ms(s['gpu_busy_us'])} ms   kernels {s['kernels']}   memcpy {s['memcpy']}   "
+        f"  whole trace: GPU busy {_ms(s['gpu_busy_us'])} ms   kernels {s['kernels']}   memcpy {s['memcpy']}   "
         f"memset {s['memset']}   launches {s['launches']} ({_ms(s['launch_cpu_us'])} ms CPU)   "
         f"tensor-core share of GEMM time: {'-' if share is None else f'{100 * share:.0f}%'}",
     ]
