@@ -248,7 +248,7 @@ def _decode_nonstandard(path: str, data: bytes, exc: msgspec.DecodeError) -> Raw
 def _json_problem(exc: Exception) -> str:
     text = str(exc)
     if "truncated" in text:
-        return f"JSON is cut off ({text})"
+        return f"JSON is cut off ({text}); --salvage analyses the complete events"
     return f"not valid JSON ({text})"
 
 
