@@ -95,7 +95,13 @@ def parse_rule(path: Path) -> Rule:
         if not str(_require(docs, key, str, f"{where}: [docs]")).strip():
             raise RuleFileError(f"{where}: [docs] '{key}' is empty")
     return Rule(rule_id, name, severity, _require(data, "summary", str, where), needs, params,
-                {k: docs[k].strip() for k in DOC_FIELDS}, where)
+                {k: docs[k].strip() if k == "example" else _unwrap(docs[k]) for k in DOC_FIELDS}, where)
+
+
+def _unwrap(text: str) -> str:
+    """Prose wrapped for the data file, joined into one line per paragraph for terminals and CI messages."""
+    paragraphs = [" ".join(line.strip() for line in block.splitlines()) for block in text.strip().split("\n\n")]
+    return "\n\n".join(p for p in paragraphs if p)
 
 
 @cache
