@@ -103,6 +103,10 @@ _GPU_FIELDS = {**_ID_FIELDS, "correlation": pl.Int64, "registers": pl.Int64, "sh
                "blocks_per_sm": pl.Float64, "occupancy": pl.Float64, "device": pl.Int64, "bytes": pl.Int64}
 
 
+def _take(events: list[Event], kinds: pl.DataFrame, condition: pl.Expr) -> list[Event]:
+    return [events[i] for i in kinds.filter(condition)["i"].to_list()]
+
+
 def _volume(dims: list[int] | None) -> int | None:
     """x*y*z of a grid or block, or None when the trace does not give it."""
     if not dims:
@@ -360,26 +364,35 @@ def build(raw: RawTrace) -> Trace:
         "cat": pl.Series(list(map(attrgetter("cat"), events)), dtype=pl.String),
         "timed": pl.Series([e.ts is not None for e in events], dtype=pl.Boolean),
     }).with_row_index("i")
+    del events  # the document's list stays the one reference until the split below
     complete = (pl.col("ph") == "X") & pl.col("timed")
 
     def pick(condition: pl.Expr) -> list[Event]:
-        rows = kinds.filter(condition)["i"].to_list()
-        return [events[i] for i in rows]
+        return _take(doc.traceEvents, kinds, condition)
 
     ops_events = pick(complete & pl.col("cat").is_in(list(CPU_OP_CATS)))
+    runtime_events = pick(complete & pl.col("cat").is_in(list(RUNTIME_CATS)))
+    gpu_events = pick(complete & pl.col("cat").is_in(list(GPU_CATS)))
+    flows_events = pick(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS)))
+    small = {cat: pick(complete & (pl.col("cat") == cat))
+             for cat in ("gpu_user_annotation", "cuda_sync", "python_function")}
+    # From here each kind's events live only in their own list, which is dropped once its table is built:
+    # the decoded structs go while the tables grow, instead of all staying to the end.
+    doc.traceEvents = []
+
     ops = _frame(ops_events, _ID_FIELDS).with_columns(
         pl.col("cat").replace_strict(CPU_OP_CATS, default="cpu_op"))
 
-    launches = _frame(pick(complete & pl.col("cat").is_in(list(RUNTIME_CATS))),
-                      {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
+    launches = _frame(runtime_events, {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
         pl.col("cat").replace_strict(RUNTIME_CATS, default="runtime").alias("api_kind"),
         pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
+    del runtime_events
 
-    gpu_events = pick(complete & pl.col("cat").is_in(list(GPU_CATS)))
     gpu = _frame(gpu_events, _GPU_FIELDS)
     gpu_args = [e.args or _EMPTY_ARGS for e in gpu_events]
     grid = pl.Series("grid_blocks", [_volume(a.grid) for a in gpu_args], dtype=pl.Int64)
     block = pl.Series("block_threads", [_volume(a.block) for a in gpu_args], dtype=pl.Int64)
+    del gpu_events, gpu_args
     names = gpu["name"].unique().to_list()
     classes = pl.DataFrame({"name": names, "cls": [tax.classify(n) for n in names]},
                            schema={"name": pl.String, "cls": pl.String})
@@ -392,7 +405,6 @@ def build(raw: RawTrace) -> Trace:
         pl.when(pl.col("kind") == "kernel").then(pl.col("cls")).otherwise(pl.col("kind")).alias("cls")
     ).sort("idx")
 
-    flows_events = pick(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS)))
     flows = pl.DataFrame({
         "ph": [e.ph for e in flows_events], "cat": [e.cat for e in flows_events],
         "id": [None if e.id is None else str(e.id) for e in flows_events],
@@ -413,11 +425,10 @@ def build(raw: RawTrace) -> Trace:
     )
     return Trace(
         path=raw.path, size=raw.size, meta=meta, ops=ops, launches=launches, gpu=gpu,
-        gpu_annotations=_frame(pick(complete & (pl.col("cat") == "gpu_user_annotation")), {}),
-        syncs=_frame(pick(complete & (pl.col("cat") == "cuda_sync")), _ID_FIELDS),
+        gpu_annotations=_frame(small["gpu_user_annotation"], {}),
+        syncs=_frame(small["cuda_sync"], _ID_FIELDS),
         flows=flows, op_events=ops_events,
-        python=_frame(pick(complete & (pl.col("cat") == "python_function")), {}).select(
-            "name", "pid", "tid", "ts", "end"),
+        python=_frame(small["python_function"], {}).select("name", "pid", "tid", "ts", "end"),
     )
 
 
