@@ -30,28 +30,33 @@ def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: boo
     return forward * (3.5 if backward else 1.0)
 
 
-def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None) -> list[dict[str, Any]]:
-    """One row per variant from its run result and trace numbers (per step = per forward)."""
-    baseline = next((r["numbers"].get("gpu_ms") for r in results if r["name"] == "naive" and r["numbers"]),
-                    None)
+def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None,
+               on_gpu: bool = True) -> list[dict[str, Any]]:
+    """One row per variant from its run result and trace numbers (per step = per forward). On the CPU there
+    are no kernels: time, throughput and speed-up come from the wall-clock timing instead."""
+
+    def time_ms(r: dict[str, Any]) -> float | None:
+        return r["numbers"].get("gpu_ms") if on_gpu else r.get("event_ms")
+
+    baseline = next((time_ms(r) for r in results if r["name"] == "naive" and r["numbers"]), None)
     rows = []
     for r in results:
         n = r["numbers"]
         if r["status"] != "ok" or not n:
             rows.append({"variant": r["name"], "status": f"{r['status']}: {r['reason']}"})
             continue
-        gpu_ms = n.get("gpu_ms")
-        tflops = flops / (gpu_ms * 1e-3) / 1e12 if gpu_ms else None
+        ms = time_ms(r)
+        tflops = flops / (ms * 1e-3) / 1e12 if ms else None
         rows.append({
             "variant": r["name"],
-            "kernels": n.get("kernels"),
-            "gpu_ms": gpu_ms,
+            "kernels": n.get("kernels") if on_gpu else None,
+            "gpu_ms": n.get("gpu_ms") if on_gpu else None,
             "event_ms": r.get("event_ms"),
             "cpu_ms": n.get("cpu_ms"),
-            "copies": n.get("copies"),
+            "copies": n.get("copies") if on_gpu else None,
             "tflops": tflops,
             "peak_pct": 100.0 * tflops / peak if tflops and peak else None,
-            "speedup": baseline / gpu_ms if baseline and gpu_ms else None,
+            "speedup": baseline / ms if baseline and ms else None,
             "findings": n.get("findings"),
             "status": "ok",
         })
@@ -71,6 +76,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             return "-"
         if key == "speedup":
             return f"{value:.2f}x"
+        if key == "kernels" and float(value).is_integer():
+            return str(int(value))
         if isinstance(value, float):
             return f"{value:.3f}" if key.endswith("_ms") else f"{value:.1f}"
         return value
@@ -111,7 +118,7 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
                             meta["config"]["causal"], meta["config"]["backward"])
     peak = peak_tflops(meta["environment"].get("gpu"))
     return {**meta, "flops_per_step": flops, "peak_tflops": peak, "variants": variants,
-            "table": table_rows(variants, flops, peak)}
+            "table": table_rows(variants, flops, peak, on_gpu=meta["config"]["device"] == "cuda")}
 
 
 def _finding_counts(trace: Any) -> str:
