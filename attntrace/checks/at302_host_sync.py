@@ -37,7 +37,10 @@ def _cause(chain: str) -> str:
         return "a blocking copy between host and device (.to()/.cpu()/.cuda() with pageable memory)"
     if chain.startswith("(no op"):
         return "a synchronize call outside any op (torch.cuda.synchronize() or an event wait)"
-    return f"{chain.split(' > ')[-1]} waiting for the GPU"
+    innermost = chain.split(" > ")[-1]
+    if not innermost.startswith("aten::"):
+        return f"a synchronize call (torch.cuda.synchronize() or an event wait) inside {innermost}"
+    return f"{innermost} waiting for the GPU"
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
