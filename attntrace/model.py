@@ -95,16 +95,19 @@ def _frame(events: list[Event], arg_fields: dict[str, Any]) -> pl.DataFrame:
     if "external_id_old" in frame.columns:
         frame = frame.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
             "external_id_old")
-    return frame.with_columns((pl.col("ts") + pl.col("dur")).alias("end")).with_row_index("idx")
+    return frame.with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The pieces of one kind in file order, numbered (idx) across pieces; types widen where pieces differ
+    (integer pids in one, string pids in another)."""
+    whole = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical_relaxed")
+    return whole.with_row_index("idx")
 
 
 _ID_FIELDS = {"external_id": pl.Int64, "external_id_old": pl.Int64}
 _GPU_FIELDS = {**_ID_FIELDS, "correlation": pl.Int64, "registers": pl.Int64, "shared_memory": pl.Int64,
                "blocks_per_sm": pl.Float64, "occupancy": pl.Float64, "device": pl.Int64, "bytes": pl.Int64}
-
-
-def _take(events: list[Event], kinds: pl.DataFrame, condition: pl.Expr) -> list[Event]:
-    return [events[i] for i in kinds.filter(condition)["i"].to_list()]
 
 
 def _volume(dims: list[int] | None) -> int | None:
@@ -128,7 +131,7 @@ class Trace:
     gpu_annotations: pl.DataFrame
     syncs: pl.DataFrame  # cuda_sync events on the GPU timeline (a stream or device waiting)
     flows: pl.DataFrame
-    op_events: list[Event]  # the decoded cpu ops, in ops-table order, for their raw input fields
+    op_args: list[Args]  # each op's args, in ops-table order, for its raw input fields
     python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
 
     # --- steps ------------------------------------------------------------------------------------
@@ -324,13 +327,12 @@ class Trace:
 
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
-        args = self.op_events[op].args or _EMPTY_ARGS
+        args = self.op_args[op]
         return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
 
     @property
     def has_shapes(self) -> bool:
-        return bool(self.meta.flags.get("record_shapes")) or any(
-            e.args is not None and e.args.input_dims for e in self.op_events[:2000])
+        return bool(self.meta.flags.get("record_shapes")) or any(a.input_dims for a in self.op_args[:2000])
 
     def source_of(self, op: int | None) -> dict[str, Any] | None:
         """The user's Python function around an op (innermost frame outside torch and libraries), from the
@@ -353,64 +355,71 @@ class Trace:
         return self.gpu.height > 0
 
 
-def build(raw: RawTrace) -> Trace:
-    doc = raw.document
-    events = doc.traceEvents
-    tax = taxonomy.load()
+KINDS = ("ops", "launches", "gpu", "flows", "gpu_annotations", "syncs", "python")
 
-    # Split events by kind on columns, not in a Python loop: ph and cat come out at C speed.
+
+def _split(events: list[Event], parts: dict[str, list[pl.DataFrame]], op_args: list[Args]) -> None:
+    """Turn one piece of the event list into a table per kind, appended to `parts`."""
+    # Split by kind on columns, not in a Python loop: ph and cat come out at C speed.
     kinds = pl.DataFrame({
         "ph": pl.Series(list(map(attrgetter("ph"), events)), dtype=pl.String),
         "cat": pl.Series(list(map(attrgetter("cat"), events)), dtype=pl.String),
         "timed": pl.Series([e.ts is not None for e in events], dtype=pl.Boolean),
     }).with_row_index("i")
-    del events  # the document's list stays the one reference until the split below
     complete = (pl.col("ph") == "X") & pl.col("timed")
 
     def pick(condition: pl.Expr) -> list[Event]:
-        return _take(doc.traceEvents, kinds, condition)
+        return [events[i] for i in kinds.filter(condition)["i"].to_list()]
 
     ops_events = pick(complete & pl.col("cat").is_in(list(CPU_OP_CATS)))
-    runtime_events = pick(complete & pl.col("cat").is_in(list(RUNTIME_CATS)))
-    gpu_events = pick(complete & pl.col("cat").is_in(list(GPU_CATS)))
-    flows_events = pick(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS)))
-    small = {cat: pick(complete & (pl.col("cat") == cat))
-             for cat in ("gpu_user_annotation", "cuda_sync", "python_function")}
-    # From here each kind's events live only in their own list, which is dropped once its table is built:
-    # the decoded structs go while the tables grow, instead of all staying to the end.
-    doc.traceEvents = []
+    op_args.extend(e.args or _EMPTY_ARGS for e in ops_events)
+    parts["ops"].append(_frame(ops_events, _ID_FIELDS).with_columns(
+        pl.col("cat").replace_strict(CPU_OP_CATS, default="cpu_op")))
 
-    ops = _frame(ops_events, _ID_FIELDS).with_columns(
-        pl.col("cat").replace_strict(CPU_OP_CATS, default="cpu_op"))
-
-    launches = _frame(runtime_events, {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
+    parts["launches"].append(_frame(pick(complete & pl.col("cat").is_in(list(RUNTIME_CATS))),
+                                    {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
         pl.col("cat").replace_strict(RUNTIME_CATS, default="runtime").alias("api_kind"),
-        pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
-    del runtime_events
+        pl.col("name").is_in(LAUNCH_APIS).alias("is_launch")))
 
-    gpu = _frame(gpu_events, _GPU_FIELDS)
+    gpu_events = pick(complete & pl.col("cat").is_in(list(GPU_CATS)))
     gpu_args = [e.args or _EMPTY_ARGS for e in gpu_events]
-    grid = pl.Series("grid_blocks", [_volume(a.grid) for a in gpu_args], dtype=pl.Int64)
-    block = pl.Series("block_threads", [_volume(a.block) for a in gpu_args], dtype=pl.Int64)
-    del gpu_events, gpu_args
+    parts["gpu"].append(_frame(gpu_events, _GPU_FIELDS).with_columns(
+        pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
+        pl.Series("grid_blocks", [_volume(a.grid) for a in gpu_args], dtype=pl.Int64),
+        pl.Series("block_threads", [_volume(a.block) for a in gpu_args], dtype=pl.Int64),
+        pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device")))
+
+    flows = pick(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS)))
+    parts["flows"].append(pl.DataFrame({
+        "ph": [e.ph for e in flows], "cat": [e.cat for e in flows],
+        "id": [None if e.id is None else str(e.id) for e in flows],
+        "ts": _series("ts", [e.ts for e in flows], pl.Float64),
+        "tid": [str(e.tid) for e in flows],
+    }, schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64, "tid": pl.String}))
+
+    parts["gpu_annotations"].append(_frame(pick(complete & (pl.col("cat") == "gpu_user_annotation")), {}))
+    parts["syncs"].append(_frame(pick(complete & (pl.col("cat") == "cuda_sync")), _ID_FIELDS))
+    parts["python"].append(_frame(pick(complete & (pl.col("cat") == "python_function")), {}).select(
+        "name", "pid", "tid", "ts", "end"))
+
+
+def build(raw: RawTrace) -> Trace:
+    doc = raw.document
+    parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
+    op_args: list[Args] = []
+    for events in raw.event_chunks():
+        _split(events, parts, op_args)
+    # Only the ops' args outlive this (for their input fields, decoded on demand); the events can go.
+    doc.traceEvents = []
+    tables = {kind: _concat(frames) for kind, frames in parts.items()}
+    gpu = tables["gpu"]
+    tax = taxonomy.load()
     names = gpu["name"].unique().to_list()
     classes = pl.DataFrame({"name": names, "cls": [tax.classify(n) for n in names]},
                            schema={"name": pl.String, "cls": pl.String})
-    gpu = gpu.with_columns(
-        pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
-        grid,
-        block,
-        pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
-    ).join(classes, on="name", how="left").with_columns(
+    gpu = gpu.join(classes, on="name", how="left").with_columns(
         pl.when(pl.col("kind") == "kernel").then(pl.col("cls")).otherwise(pl.col("kind")).alias("cls")
     ).sort("idx")
-
-    flows = pl.DataFrame({
-        "ph": [e.ph for e in flows_events], "cat": [e.cat for e in flows_events],
-        "id": [None if e.id is None else str(e.id) for e in flows_events],
-        "ts": _series("ts", [e.ts for e in flows_events], pl.Float64),
-        "tid": [str(e.tid) for e in flows_events],
-    }, schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64, "tid": pl.String})
 
     meta = TraceMeta(
         devices=list(doc.deviceProperties or []),
@@ -424,11 +433,9 @@ def build(raw: RawTrace) -> Trace:
         incomplete=raw.incomplete,
     )
     return Trace(
-        path=raw.path, size=raw.size, meta=meta, ops=ops, launches=launches, gpu=gpu,
-        gpu_annotations=_frame(small["gpu_user_annotation"], {}),
-        syncs=_frame(small["cuda_sync"], _ID_FIELDS),
-        flows=flows, op_events=ops_events,
-        python=_frame(small["python_function"], {}).select("name", "pid", "tid", "ts", "end"),
+        path=raw.path, size=raw.size, meta=meta, ops=tables["ops"], launches=tables["launches"], gpu=gpu,
+        gpu_annotations=tables["gpu_annotations"], syncs=tables["syncs"], flows=tables["flows"].drop("idx"),
+        op_args=op_args, python=tables["python"].drop("idx"),
     )
 
 

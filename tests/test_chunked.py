@@ -1,0 +1,59 @@
+"""Large traces are decoded in pieces; the model and the report must not depend on where the cuts fall."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import sample
+
+from attntrace import lint, reader
+from attntrace.catalog import load_rules
+from attntrace.loading import load
+
+
+def report(path: str) -> bytes:
+    return orjson.dumps(lint.assemble([lint.lint_trace(load(path), lint.default_settings(load_rules()))]))
+
+
+@pytest.mark.parametrize("name", ["workloads/gpt2_eager_train", "bf16_causal_fwd_stack/naive"])
+def test_pieces_give_the_same_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(gzip.decompress(Path(sample(name)).read_bytes()))
+    whole = report(str(path))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 16 << 10)
+    raw = reader.read(str(path))
+    assert raw.chunks is not None and len(list(raw.event_chunks())) > 5
+    assert report(str(path)) == whole
+    assert path.read_bytes() == gzip.decompress(Path(sample(name)).read_bytes())  # the file is untouched
+
+
+def test_a_cut_inside_an_event_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # An arg holding a list of objects has "},\\n {" inside an event: a cut there must not lose events.
+    odd = {"ph": "X", "cat": "cpu_op", "name": "odd", "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0,
+           "args": {"blob": [{"a": i} for i in range(2000)]}}
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": float(i), "dur": 0.5,
+               "args": {"correlation": i}} for i in range(3000)]
+    text = json.dumps({"schemaVersion": 1, "traceEvents": [*events[:1500], odd, *events[1500:]],
+                       "traceName": "x"}, indent=1).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(text)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    trace = load(str(path))
+    assert trace.gpu.height == 3000 and trace.ops["name"].to_list() == ["odd"]
+    assert trace.gpu["name"].to_list() == [f"k{i}" for i in range(3000)]
+
+
+def test_malformed_events_in_a_piece_are_dropped_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": float(i), "dur": 1.0}
+              for i in range(2000)]
+    events[1700] = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": {"bad": 1}}
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps({"traceEvents": events}, indent=1).encode())
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    trace = load(str(path))
+    assert trace.gpu.height == 1999 and trace.meta.dropped_events == 1
+    assert trace.meta.notes == ["1 malformed events ignored"]
