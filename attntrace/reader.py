@@ -263,6 +263,8 @@ def _chunked(path: str, data: bytearray) -> RawTrace | None:
         return None
     begin = key.end() - 1  # the "[" of traceEvents
     end = data.rfind(b"]", max(begin, len(data) - _TAIL_SEARCH))
+    if end < 0:
+        return None  # no list end near the file's end: not a Kineto layout, or cut off
     tail = bytes(data[end + 1:])
     try:
         meta = _DOCUMENT.decode(bytes(data[:begin]) + b"[]" + tail)
@@ -320,8 +322,14 @@ def _decode_tolerant(path: str, data: bytes) -> RawTrace:
     return _from_builtins(path, len(data), document)
 
 
+NONSTANDARD_MAX_BYTES = 256 << 20  # the standard library's json needs several times the file in memory
+
+
 def _decode_nonstandard(path: str, data: bytes, exc: msgspec.DecodeError) -> RawTrace:
-    """Python's json accepts NaN and Infinity, which some writers emit; anything else is refused."""
+    """Python's json accepts NaN and Infinity, which some writers emit; anything else is refused. A cut-off
+    file or a very large one is refused at once with msgspec's reason."""
+    if "truncated" in str(exc) or len(data) > NONSTANDARD_MAX_BYTES:
+        raise TraceError("not-json", _json_problem(exc)) from exc
     try:
         document = json.loads(data)
     except (ValueError, RecursionError):
