@@ -129,7 +129,6 @@ class Trace:
     launches: pl.DataFrame  # runtime and driver calls: ..., correlation, external_id, api_kind, is_launch
     gpu: pl.DataFrame  # kernels, memcpys, memsets: ..., kind, cls, correlation, launch configuration
     gpu_annotations: pl.DataFrame
-    syncs: pl.DataFrame  # cuda_sync events on the GPU timeline (a stream or device waiting)
     flows: pl.DataFrame
     op_args: list[Args]  # each op's args, in ops-table order, for its raw input fields
     python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
@@ -355,7 +354,7 @@ class Trace:
         return self.gpu.height > 0
 
 
-KINDS = ("ops", "launches", "gpu", "flows", "gpu_annotations", "syncs", "python")
+KINDS = ("ops", "launches", "gpu", "flows", "gpu_annotations", "python")
 
 
 def _split(events: list[Event], parts: dict[str, list[pl.DataFrame]], op_args: list[Args]) -> None:
@@ -398,7 +397,6 @@ def _split(events: list[Event], parts: dict[str, list[pl.DataFrame]], op_args: l
     }, schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64, "tid": pl.String}))
 
     parts["gpu_annotations"].append(_frame(pick(complete & (pl.col("cat") == "gpu_user_annotation")), {}))
-    parts["syncs"].append(_frame(pick(complete & (pl.col("cat") == "cuda_sync")), _ID_FIELDS))
     parts["python"].append(_frame(pick(complete & (pl.col("cat") == "python_function")), {}).select(
         "name", "pid", "tid", "ts", "end"))
 
@@ -434,7 +432,7 @@ def build(raw: RawTrace) -> Trace:
     )
     return Trace(
         path=raw.path, size=raw.size, meta=meta, ops=tables["ops"], launches=tables["launches"], gpu=gpu,
-        gpu_annotations=tables["gpu_annotations"], syncs=tables["syncs"], flows=tables["flows"].drop("idx"),
+        gpu_annotations=tables["gpu_annotations"], flows=tables["flows"].drop("idx"),
         op_args=op_args, python=tables["python"].drop("idx"),
     )
 

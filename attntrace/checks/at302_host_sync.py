@@ -8,8 +8,6 @@ import polars as pl
 
 from attntrace.checks.base import Context, fmt_us
 
-SYNC_APIS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
-             "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize")
 BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
             "hipStreamSynchronize", "hipEventSynchronize")
 
