@@ -203,9 +203,7 @@ class Trace:
         starts in; only a trace with no launch links at all falls back to the CPU step windows."""
         launches = self.launches_linked.select(
             pl.col("idx").alias("launch"), pl.col("correlation"), pl.col("op"),
-            pl.col("step").alias("launch_step"), pl.col("name").alias("launch_api"),
-            pl.col("ts").alias("launch_ts"), pl.col("dur").alias("launch_dur"),
-            pl.col("external_id").alias("launch_external_id"))
+            pl.col("step").alias("launch_step"), pl.col("name").alias("launch_api"))
         launches = launches.filter(pl.col("correlation").is_not_null()).unique("correlation", keep="first")
         gpu = self._correlation_from_flows(self.gpu)
         linked = gpu.join(launches, on="correlation", how="left")
@@ -299,12 +297,12 @@ class Trace:
             result[call] = op
         return [result.get(i) for i in calls["idx"].to_list()]
 
-    def op_ancestors(self, op: int | None, stop_at_step: bool = True) -> list[int]:
+    def op_ancestors(self, op: int | None) -> list[int]:
         """Op indices from the outermost op down to `op`, without ProfilerStep annotations."""
         chain: list[int] = []
         names = self.op_names
         while op is not None:
-            if stop_at_step and STEP_NAME.match(names[op]):
+            if STEP_NAME.match(names[op]):
                 break
             chain.append(op)
             op = self.op_parent[op]

@@ -210,10 +210,11 @@ def _gunzip(data: bytearray, max_bytes: int, salvage: bool) -> tuple[bytearray, 
 
 
 def _sniff_json(head: bytes) -> None:
-    first = _NON_SPACE.search(head.removeprefix(b"\xef\xbb\xbf"))
-    if first is not None and head.removeprefix(b"\xef\xbb\xbf")[first.start():first.start() + 1] not in b"{[":
+    body = head.removeprefix(b"\xef\xbb\xbf")
+    first = _NON_SPACE.search(body)
+    if first is not None and body[first.start():first.start() + 1] not in b"{[":
         raise TraceError("not-json", "the gzip stream does not hold JSON (it starts with "
-                         f"{head[first.start():first.start() + 12]!r})")
+                         f"{body[first.start():first.start() + 12]!r})")
 
 
 def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrace:
@@ -296,7 +297,11 @@ def _decode_pieces(raw: RawTrace, data: bytearray, begin: int, end: int,
         except msgspec.DecodeError:
             for comma, original in cuts[i:]:
                 data[comma:comma + 2] = original
-            yield _decode_piece(raw, view[lo:end + 1])
+            try:
+                rest = _decode_piece(raw, view[lo:end + 1])
+            except msgspec.DecodeError as exc:  # the file itself is broken here, not our cut
+                raise TraceError("not-json", _json_problem(exc)) from exc
+            yield rest
             return
 
 

@@ -57,3 +57,21 @@ def test_malformed_events_in_a_piece_are_dropped_and_counted(tmp_path: Path, mon
     trace = load(str(path))
     assert trace.gpu.height == 1999 and trace.meta.dropped_events == 1
     assert trace.meta.notes == ["1 malformed events ignored"]
+
+
+def test_broken_json_inside_a_later_piece_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": float(i), "dur": 1.0}
+              for i in range(2000)]
+    text = json.dumps({"traceEvents": events, "traceName": "x"}, indent=1).encode()
+    broken = text.replace(b'"ts": 1500.0', b'"ts": @@', 1)
+    assert broken != text
+    path = tmp_path / "t.json"
+    path.write_bytes(broken)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    result = CliRunner().invoke(main, ["lint", str(path)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "not valid JSON" in result.stderr and "internal error" not in result.stderr
