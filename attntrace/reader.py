@@ -61,6 +61,7 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     block: list[int] | None = None
     occupancy: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
     device: int | None = None
+    stream: int | None = None
     bytes: int | None = None
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_VALUE)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_VALUE)
@@ -79,8 +80,8 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = None
 
 
-class Document(msgspec.Struct, gc=False):
-    traceEvents: list[Event]
+class Metadata(msgspec.Struct, gc=False, kw_only=True):
+    """The document's fields other than its events."""
     deviceProperties: list[dict[str, Any]] = []
     schemaVersion: int | None = None
     displayTimeUnit: str | None = None
@@ -94,6 +95,15 @@ class Document(msgspec.Struct, gc=False):
     cuda_runtime_version: int | None = None
     cupti_version: int | None = None
     distributedInfo: dict[str, Any] | None = None
+
+
+class Document(Metadata):
+    traceEvents: list[Event]
+
+
+class Outline(Metadata):
+    """The document with its event list left undecoded: where the list ends, whatever follows it."""
+    traceEvents: msgspec.Raw
 
 
 @dataclass
@@ -124,6 +134,7 @@ class ReadOptions:
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
 _EVENTS = msgspec.json.Decoder(list[Event])
 _DOCUMENT = msgspec.json.Decoder(Document)
+_OUTLINE = msgspec.json.Decoder(Outline)
 _ANY = msgspec.json.Decoder()
 
 
@@ -221,7 +232,7 @@ def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrac
     """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
     if data[:3] == b"\xef\xbb\xbf":
         if isinstance(data, bytearray):
-            data[:3] = b"   "  # our own copy: blank the BOM out rather than copy the rest
+            data[:3] = b"   "  # our own copy: blank the BOM out rather than copy the rest (offsets stay)
         else:
             data = data[3:]
     # Look past leading whitespace without copying the buffer (data.lstrip() would double peak memory).
@@ -232,7 +243,7 @@ def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrac
     head = data[start:start + 1]
     try:
         if head == b"[":
-            return RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data)))
+            return _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
             chunked = _chunked(path, data) if isinstance(data, bytearray) and len(data) > CHUNK_BYTES else None
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
@@ -241,36 +252,68 @@ def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrac
     except msgspec.DecodeError as exc:
         if salvage and "truncated" in str(exc):
             return _salvage(path, data, start)
+        offset = _error_offset(exc)
+        if offset >= 0 and _NONFINITE.match(data, offset):
+            return _decode_nonfinite(path, data, salvage)
         return _decode_nonstandard(path, data, exc)
     raise TraceError("not-json", f"not a JSON object or list (starts with {bytes(data[start:start + 12])!r})")
+
+
+def _checked_list(raw: RawTrace) -> RawTrace:
+    """A bare JSON list is a trace only when its items are trace events (they have a "ph")."""
+    events = raw.document.traceEvents
+    if events and not any(e.ph for e in events):
+        raise TraceError("not-a-trace", f"a JSON list of {len(events)} items, none of them a trace event "
+                         "(no \"ph\" field)")
+    return raw
+
+
+# NaN and Infinity as Python's json writes them: a bare token after ":", "," or "[" (not inside a string).
+_NONFINITE = re.compile(rb"(-?Infinity|NaN)(?=\s*[,}\]])")
+_NONFINITE_TOKEN = re.compile(rb"(?<=[:,\[])(\s*)(?:-?Infinity|NaN)(?=\s*[,}\]])")
+_BYTE_OFFSET = re.compile(r"\(byte (\d+)\)")
+
+
+def _error_offset(exc: Exception) -> int:
+    found = _BYTE_OFFSET.search(str(exc))
+    return int(found.group(1)) if found else -1
+
+
+def _decode_nonfinite(path: str, data: bytes | bytearray, salvage: bool) -> RawTrace:
+    """Python's json writes NaN and Infinity, which JSON does not allow: read them as missing values (null)."""
+    cleaned, count = _NONFINITE_TOKEN.subn(rb"\1null", data)
+    if isinstance(data, bytearray):
+        del data[:]  # our own copy: free it before decoding the cleaned one
+    raw = decode(path, bytearray(cleaned), salvage)
+    raw.notes.append(f"{count} NaN/Infinity values read as missing")
+    return raw
 
 
 CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _EVENT_GAP = re.compile(rb"\},(\s)\s*\{")  # between two events: "}," then whitespace then "{"
-_TAIL_SEARCH = 1 << 16
 
 
 def _chunked(path: str, data: bytearray) -> RawTrace | None:
     """Set up a piece-by-piece decode of a large object trace, or None to decode it whole.
 
-    The event list is cut where one event ends and the next begins ("},<space>{", as Kineto writes). Each
-    cut turns the comma into "]" and the space into "[", so every piece is a JSON list in place, decoded
-    without a copy. A cut that lands inside an event shows up as a piece that does not parse; the rest is
-    then decoded in one piece after restoring the bytes. Metadata before and after the list is decoded on
-    its own."""
+    One pass of msgspec over the document (tokens only, no objects) checks that it is valid JSON, decodes
+    the metadata wherever it sits, and gives the event list's exact extent: lists that follow it
+    (deviceProperties, MTIA's INFO/ERROR) are not mistaken for its end. The list is then cut where one event
+    ends and the next begins ("},<space>{", as Kineto writes). Each cut turns the comma into "]" and the
+    space into "[", so every piece is a JSON list in place, decoded without a copy. A cut that lands inside
+    an event (a string holding "}, {") shows up as a piece that does not parse; the rest is then decoded in
+    one piece after restoring the bytes."""
+    outline = _OUTLINE.decode(data)
     key = _EVENTS_KEY.search(data)
     if key is None:
         return None
     begin = key.end() - 1  # the "[" of traceEvents
-    end = data.rfind(b"]", max(begin, len(data) - _TAIL_SEARCH))
-    if end < 0:
-        return None  # no list end near the file's end: not a Kineto layout, or cut off
-    tail = bytes(data[end + 1:])
-    try:
-        meta = _DOCUMENT.decode(bytes(data[:begin]) + b"[]" + tail)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None  # metadata after the events, or odd types: decode the whole document
+    end = begin + len(outline.traceEvents) - 1
+    if data[end:end + 1] != b"]" or memoryview(data)[begin:end + 1] != memoryview(outline.traceEvents):
+        return None  # the first "traceEvents" key was not the document's own: decode the whole document
+    meta = Document(traceEvents=[], **{name: getattr(outline, name) for name in Metadata.__struct_fields__})
+    del outline
     cuts: list[tuple[int, bytes]] = []  # (position of the comma, the two bytes it replaced)
     pos = begin + CHUNK_BYTES
     while pos < end:
@@ -297,11 +340,7 @@ def _decode_pieces(raw: RawTrace, data: bytearray, begin: int, end: int,
         except msgspec.DecodeError:
             for comma, original in cuts[i:]:
                 data[comma:comma + 2] = original
-            try:
-                rest = _decode_piece(raw, view[lo:end + 1])
-            except msgspec.DecodeError as exc:  # the file itself is broken here, not our cut
-                raise TraceError("not-json", _json_problem(exc)) from exc
-            yield rest
+            yield _decode_piece(raw, view[lo:end + 1])  # valid JSON: the outline pass checked it
             return
 
 

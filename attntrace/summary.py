@@ -60,16 +60,44 @@ def attention_backends(trace: Trace) -> list[str]:
     return sorted(found)
 
 
+def device_summary(trace: Trace) -> list[dict[str, Any]]:
+    """Per device: its name and vendor, and busy time (union of its streams) split into compute,
+    communication and their overlap, over the whole trace."""
+    gpu = trace.gpu_linked
+    out = []
+    for device in trace.devices:
+        on = gpu.filter(pl.col("device") == device)
+        comm = on["group"] == taxonomy.COMMUNICATION
+        total = _busy(on)
+        compute, communication = _busy(on.filter(~comm)), _busy(on.filter(comm))
+        out.append({"device": device, "name": trace.device_name(device), "vendor": trace.meta.vendor(device),
+                    "streams": on["stream"].drop_nulls().n_unique(), "gpu_busy_us": _r(total),
+                    "compute_us": _r(compute), "comm_us": _r(communication),
+                    "overlap_us": _r(max(0.0, compute + communication - total))})
+    return out
+
+
+def _busy(frame: pl.DataFrame) -> float:
+    return float(busy_us(frame, [])["busy_us"].max() or 0.0) if frame.height else 0.0  # type: ignore[arg-type]
+
+
 def summarize(trace: Trace) -> dict[str, Any]:
     steps = trace.step_table.drop("step_us")
     split = gemm_split(trace)
     gemm_total = sum(split.values())
     known = gemm_total - split["unknown"]
     gpu = trace.gpu_linked
+    devices = device_summary(trace)
+    info = trace.step_info
     return {
-        "device": trace.meta.device(None).get("name") or ("unknown GPU" if trace.has_gpu else None),
-        "steps": steps.height if trace.has_step_markers else 0,
-        "gpu_busy_us": _r(busy_us(gpu, [])["busy_us"][0]) if gpu.height else 0.0,
+        "device": (trace.device_name(trace.devices[0] if trace.devices else None) or "unknown GPU")
+        if trace.has_gpu else None,
+        "rank": trace.meta.rank,
+        "steps": steps["step"].n_unique() if trace.has_step_markers else 0,
+        "steps_source": info.source,
+        "steps_from": info.label,
+        # The busiest device's busy time: devices run side by side, so their times are never added.
+        "gpu_busy_us": max((d["gpu_busy_us"] for d in devices), default=0.0),
         "kernels": int((gpu["kind"] == "kernel").sum()),
         "memcpy": int((gpu["kind"] == "memcpy").sum()),
         "memset": int((gpu["kind"] == "memset").sum()),
@@ -78,12 +106,17 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "tensor_core_share_of_gemm": _r((split["tensor_core"] + split["tf32"]) / known) if known else None,
         "gemm_us": {k: _r(v) for k, v in split.items()},
         "attention_backends": attention_backends(trace),
+        "devices": devices,
         "top_kernels": top_kernels(trace),
         "per_step": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                      for row in steps.iter_rows(named=True)],
-        "notes": trace.meta.notes,
+        "notes": [*trace.meta.notes, *info.notes],
         "incomplete": trace.meta.incomplete,
     }
+
+
+PER_STEP_NUMBERS = ("cpu_us", "gpu_busy_us", "compute_us", "comm_us", "overlap_us", "kernels", "memcpy", "memset",
+                    "kernel_us", "launches", "launch_cpu_us")
 
 
 def step_means(summary: dict[str, Any]) -> dict[str, float]:
@@ -91,5 +124,4 @@ def step_means(summary: dict[str, Any]) -> dict[str, float]:
     rows = summary["per_step"]
     if not rows:
         return {}
-    keys = [k for k in rows[0] if k != "step"]
-    return {k: sum(row[k] for row in rows) / len(rows) for k in keys}
+    return {k: sum(row[k] for row in rows) / len(rows) for k in PER_STEP_NUMBERS if k in rows[0]}

@@ -10,6 +10,7 @@ from functools import cache
 from attntrace.data import load_toml, rules_dir
 
 OTHER = "other"
+COMMUNICATION = "communication"
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class KernelClass:
     pattern: re.Pattern[str]
     attention: str | None
     tensor_core: bool | str | None
+    group: str  # what the kernel does, for summaries: attention, gemm, communication, elementwise, ...
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class Taxonomy:
     def attention_backend(self, class_id: str) -> str | None:
         cls = self.by_id(class_id)
         return cls.attention if cls else None
+
+    def group_of(self, class_id: str | None) -> str:
+        cls = self.by_id(class_id) if class_id else None
+        return cls.group if cls else (class_id or OTHER)
+
+    @property
+    def communication_classes(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.classes if c.group == COMMUNICATION)
 
     @property
     def gemm_classes(self) -> tuple[str, ...]:
@@ -57,7 +67,15 @@ def load() -> Taxonomy:
             pattern=re.compile("|".join(f"(?:{p})" for p in entry["patterns"])),
             attention=entry.get("attention"),
             tensor_core=entry.get("tensor_core"),
+            group=entry.get("group") or _default_group(entry),
         )
         for entry in raw["class"]
     )
     return Taxonomy(classes)
+
+
+def _default_group(entry: dict[str, object]) -> str:
+    if entry.get("attention"):
+        return "attention"
+    class_id = str(entry["id"])
+    return "gemm" if class_id.startswith("gemm_") else class_id

@@ -13,20 +13,32 @@ def _ms(us: float | None) -> str:
 
 def summary_table(s: dict[str, Any]) -> str:
     share = s["tensor_core_share_of_gemm"]
+    rank = f"   rank: {s['rank']}" if s.get("rank") is not None else ""
     lines = [
         f"{s['path']}",
-        f"  device: {s['device'] or 'none (CPU only)'}   steps: {s['steps'] or 'none (whole trace)'}   "
+        f"  device: {_devices(s)}{rank}   steps: {_steps(s)}   "
         f"attention: {', '.join(s['attention_backends']) or 'none found'}",
         f"  whole trace: GPU busy {_ms(s['gpu_busy_us'])} ms   kernels {s['kernels']}   memcpy {s['memcpy']}   "
         f"memset {s['memset']}   launches {s['launches']} ({_ms(s['launch_cpu_us'])} ms CPU)   "
         f"tensor-core share of GEMM time: {'-' if share is None else f'{100 * share:.0f}%'}",
     ]
     lines.extend(f"  note: {note}" for note in s["notes"])
+    if len(s["devices"]) > 1 or any(d["comm_us"] for d in s["devices"]):
+        rows = [[d["device"], d["name"] or "-", d["streams"], _ms(d["gpu_busy_us"]), _ms(d["compute_us"]),
+                 _ms(d["comm_us"]), _ms(d["overlap_us"])] for d in s["devices"]]
+        table = tabulate(rows, headers=["device", "name", "streams", "GPU busy ms", "compute ms", "comm ms",
+                                        "overlap ms"], tablefmt="simple", disable_numparse=True)
+        lines.append("  " + table.replace("\n", "\n  "))
     if s["per_step"]:
-        rows = [[r["step"] if r["step"] != -1 else "all", _ms(r["cpu_us"]), _ms(r["gpu_busy_us"]), r["kernels"],
+        several = len({r["device"] for r in s["per_step"]}) > 1
+        comm = any(r["comm_us"] for r in s["per_step"])
+        rows = [[r["step"] if r["step"] != -1 else "all", *([r["device"]] if several else []), _ms(r["cpu_us"]),
+                 _ms(r["gpu_busy_us"]), *([_ms(r["comm_us"]), _ms(r["overlap_us"])] if comm else []), r["kernels"],
                  r["memcpy"], r["memset"], r["launches"], _ms(r["launch_cpu_us"])] for r in s["per_step"]]
-        table = tabulate(rows, headers=["step", "CPU ms", "GPU busy ms", "kernels", "memcpy", "memset",
-                                        "launches", "launch CPU ms"], tablefmt="simple", disable_numparse=True)
+        headers = ["step", *(["device"] if several else []), "CPU ms", "GPU busy ms",
+                   *(["comm ms", "overlap ms"] if comm else []), "kernels", "memcpy", "memset", "launches",
+                   "launch CPU ms"]
+        table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
     if s["top_kernels"]:
         rows = [[_ms(k["us"]), f"{100 * k['share']:.1f}%", k["count"], k["class"], _short(k["name"])]
@@ -39,3 +51,20 @@ def summary_table(s: dict[str, Any]) -> str:
 
 def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _devices(s: dict[str, Any]) -> str:
+    if not s["device"]:
+        return "none (CPU only)"
+    if len(s["devices"]) > 1:
+        names = sorted({d["name"] or "unknown GPU" for d in s["devices"]})
+        return f"{len(s['devices'])} GPUs ({', '.join(names)})"
+    return str(s["device"])
+
+
+def _steps(s: dict[str, Any]) -> str:
+    if not s["steps"]:
+        return "none (whole trace)"
+    if s.get("steps_source") == "inferred":
+        return f"{s['steps']} (inferred from {s['steps_from']})"
+    return str(s["steps"])

@@ -1,0 +1,54 @@
+"""The op tree, which the trace does not write: CPU ops nest by time containment on their (pid, tid)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def op_parents(ops: pl.DataFrame) -> list[int | None]:
+    """Parent op index of every op."""
+    parent: list[int | None] = [None] * ops.height
+    ordered = ops.select("idx", "pid", "tid", "ts", "end").sort(
+        ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
+    thread_start = (pl.struct("pid", "tid") != pl.struct("pid", "tid").shift(1)).fill_null(True)
+    new_thread = ordered.select(thread_start)[:, 0].to_list()
+    stack: list[tuple[float, int]] = []
+    for idx, ts, end, fresh in zip(ordered["idx"].to_list(), ordered["ts"].to_list(), ordered["end"].to_list(),
+                                   new_thread, strict=True):
+        if fresh:
+            stack = []
+        while stack and stack[-1][0] < ts:
+            stack.pop()
+        # An op that starts inside its parent but overruns it (clock rounding) still nests.
+        parent[idx] = stack[-1][1] if stack else None
+        stack.append((end, idx))
+    return parent
+
+
+def op_children(ops: pl.DataFrame, parent: list[int | None]) -> dict[int | None, list[int]]:
+    """Child ops of each op, in start order (None holds the top-level ops)."""
+    children: dict[int | None, list[int]] = {}
+    for idx in ops.sort("ts")["idx"].to_list():
+        children.setdefault(parent[idx], []).append(idx)
+    return children
+
+
+def innermost_ops(calls: pl.DataFrame, ops: pl.DataFrame, parent: list[int | None]) -> list[int | None]:
+    """For each call (in `calls` order), the innermost op containing it on the same thread."""
+    if not calls.height or not ops.height:
+        return [None] * calls.height
+    keyed_ops = ops.select("idx", pl.col("pid").cast(pl.String), pl.col("tid").cast(pl.String), "ts")
+    keyed = calls.select(pl.col("idx").alias("call"), pl.col("pid").cast(pl.String),
+                         pl.col("tid").cast(pl.String), pl.col("ts").alias("call_ts"))
+    # The latest-starting op at or before the call on its thread is the innermost candidate; if it ended
+    # before the call, climb its parents until one contains the call.
+    cand = keyed.sort("call_ts").join_asof(
+        keyed_ops.sort("ts"), left_on="call_ts", right_on="ts", by=["pid", "tid"], strategy="backward",
+        check_sortedness=False)
+    ends = ops["end"].to_list()
+    result: dict[int, int | None] = {}
+    for call, call_ts, op in cand.select("call", "call_ts", "idx").iter_rows():
+        while op is not None and ends[op] < call_ts:
+            op = parent[op]
+        result[call] = op
+    return [result.get(i) for i in calls["idx"].to_list()]

@@ -1,0 +1,273 @@
+"""The one view of a trace that rules, summaries and diffs use: tables, links, op tree, steps and devices."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from attntrace import taxonomy
+from attntrace.model import links, optree
+from attntrace.model.intervals import busy_us
+from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
+from attntrace.reader import Args, decode_raw
+
+PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
+# Frames that are not the user's code: the interpreter, torch and installed libraries.
+LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|threading\.py|runpy"
+AMD_VENDOR = re.compile(r"AMD|Instinct|Radeon|gfx\d", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    devices: list[dict[str, Any]]
+    flags: dict[str, bool]
+    versions: dict[str, Any]
+    distributed: dict[str, Any] | None
+    dropped_events: int
+    notes: list[str] = field(default_factory=list)
+    incomplete: bool = False
+
+    def device(self, index: int | None) -> dict[str, Any]:
+        """Properties of a GPU by index; the first one when the index is unknown."""
+        for props in self.devices:
+            if props.get("id") == index:
+                return props
+        return self.devices[0] if self.devices else {}
+
+    @property
+    def rank(self) -> int | None:
+        rank = (self.distributed or {}).get("rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+    def vendor(self, index: int | None) -> str:
+        """nvidia, amd or unknown: occupancy limits and launch APIs differ by vendor."""
+        props = self.device(index)
+        name = str(props.get("name") or "")
+        if AMD_VENDOR.search(name) or "gcnArchName" in props or self.versions.get("hip_runtime_version"):
+            return "amd"
+        if "computeMajor" in props or "NVIDIA" in name or "Tesla" in name or "Quadro" in name:
+            return "nvidia"
+        return "unknown"
+
+
+@dataclass
+class Trace:
+    path: str
+    size: int
+    meta: TraceMeta
+    ops: pl.DataFrame  # cpu_op and user_annotation: idx, name, cat, pid, tid, ts, dur, end, external_id, ...
+    launches: pl.DataFrame  # runtime and driver calls: ..., correlation, external_id, api_kind, is_launch
+    gpu: pl.DataFrame  # kernels, memcpys, memsets: ..., kind, cls, group, correlation, device, stream, launch config
+    gpu_annotations: pl.DataFrame
+    flows: pl.DataFrame
+    op_args: list[Args]  # each op's args, in ops-table order, for its raw input fields
+    python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
+
+    # --- steps ------------------------------------------------------------------------------------
+    @cached_property
+    def step_info(self) -> Steps:
+        return find_steps(self.ops, self.op_parent, self.launches, self.gpu)
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        """Step windows: pid (null for the whole-trace window), step, ts, end, capture."""
+        return self.step_info.windows
+
+    @property
+    def has_step_markers(self) -> bool:
+        """The trace shows its steps (ProfilerStep markers, or iterations inferred from recurring markers)."""
+        return self.step_info.marked and bool(self.steps.height)
+
+    @cached_property
+    def device_process(self) -> dict[int, str]:
+        """Each device's driving process (the one that launched most of its work)."""
+        linked = self.gpu_linked.filter(pl.col("launch_pid").is_not_null() & pl.col("device").is_not_null())
+        counts = linked.group_by("device", "launch_pid").len().sort(["device", "len", "launch_pid"],
+                                                                     descending=[False, True, False])
+        return {int(d): str(p) for d, p in counts.unique("device", keep="first").select("device", "launch_pid")
+                .iter_rows()}
+
+    @cached_property
+    def step_table(self) -> pl.DataFrame:
+        """One row per step and device: step, device, cpu_us (the step's CPU window), gpu_busy_us (union of the
+        device's streams), compute_us, comm_us, overlap_us (compute and communication at once), kernels,
+        memcpy, memset, kernel_us, launches, launch_cpu_us, capture, and step_us = max(cpu_us, gpu_busy_us)."""
+        windows = self.steps
+        gpu = self.gpu_linked.filter(pl.col("step").is_not_null())
+        devices = sorted(int(d) for d in gpu["device"].drop_nulls().unique().to_list())
+        rows = (windows.select("step").unique().join(
+            pl.DataFrame({"device": devices or [None]}, schema={"device": pl.Int64}), how="cross"))
+        cpu = self._cpu_windows(windows, rows)
+        comm = gpu["group"] == taxonomy.COMMUNICATION
+        keys = ["step", "device"]
+        total = busy_us(gpu, ["step"]).rename({"busy_us": "gpu_busy_us"})
+        compute = busy_us(gpu.filter(~comm), ["step"]).rename({"busy_us": "compute_us"})
+        communication = busy_us(gpu.filter(comm), ["step"]).rename({"busy_us": "comm_us"})
+        counts = gpu.group_by(keys).agg(
+            (pl.col("kind") == "kernel").sum().alias("kernels"),
+            (pl.col("kind") == "memcpy").sum().alias("memcpy"),
+            (pl.col("kind") == "memset").sum().alias("memset"),
+            pl.col("dur").filter(pl.col("kind") == "kernel").sum().alias("kernel_us"))
+        launches = (self.launches_on_devices.filter(pl.col("is_launch") & pl.col("step").is_not_null())
+                    .group_by(keys).agg(pl.len().alias("launches"), pl.col("dur").sum().alias("launch_cpu_us")))
+        table = rows.join(cpu, on=keys, how="left", nulls_equal=True)
+        for part in (total, compute, communication, counts, launches):
+            table = table.join(part.with_columns(pl.col("device").cast(pl.Int64)), on=keys, how="left",
+                               nulls_equal=True)
+        return table.with_columns(
+            pl.col("cpu_us", "gpu_busy_us", "compute_us", "comm_us", "kernel_us", "launch_cpu_us")
+            .cast(pl.Float64).fill_null(0.0),
+            pl.col("kernels", "memcpy", "memset", "launches").fill_null(0).cast(pl.Int64),
+            pl.col("capture").fill_null(False),
+        ).with_columns(
+            (pl.col("compute_us") + pl.col("comm_us") - pl.col("gpu_busy_us")).clip(lower_bound=0.0)
+            .alias("overlap_us"),
+            pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"),
+        ).select("step", "device", "cpu_us", "gpu_busy_us", "compute_us", "comm_us", "overlap_us", "kernels",
+                 "memcpy", "memset", "kernel_us", "launches", "launch_cpu_us", "capture", "step_us"
+                 ).sort(keys, nulls_last=True)
+
+    def _cpu_windows(self, windows: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+        """The CPU window of each (step, device): that of the device's driving process, else the step's first."""
+        spans = windows.select("pid", "step", (pl.col("end") - pl.col("ts")).alias("cpu_us"), "capture")
+        owner = pl.DataFrame({"device": list(self.device_process), "pid": list(self.device_process.values())},
+                             schema={"device": pl.Int64, "pid": pl.String})
+        own = rows.join(owner, on="device", how="left").join(spans, on=["pid", "step"], how="left")
+        first = spans.unique("step", keep="first", maintain_order=True).select(
+            "step", pl.col("cpu_us").alias("any_us"), pl.col("capture").alias("any_capture"))
+        return (own.join(first, on="step", how="left")
+                .select("step", "device", pl.coalesce("cpu_us", "any_us").alias("cpu_us"),
+                        pl.coalesce("capture", "any_capture").alias("capture")))
+
+    @property
+    def steady_steps(self) -> list[int]:
+        """Step numbers that are not graph captures."""
+        return sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list())
+
+    @property
+    def step_count(self) -> int:
+        """Steps of one process: counts "per step" divide by this."""
+        windows = self.steps.filter(~pl.col("capture"))
+        return max(1, windows.height)
+
+    # --- links ------------------------------------------------------------------------------------
+    @cached_property
+    def launches_linked(self) -> pl.DataFrame:
+        """Launch calls with their step (in their own process's window), launching op and device."""
+        frame = assign(self.launches, self.steps)
+        frame = frame.with_columns(pl.Series("op", optree.innermost_ops(frame, self.ops, self.op_parent),
+                                             dtype=pl.Int64))
+        return frame
+
+    @cached_property
+    def gpu_linked(self) -> pl.DataFrame:
+        """GPU activity with its launch, launching op, launch_pid and step.
+
+        A GPU event takes the step of the CPU call that launched it. One with no recorded launch (work
+        queued before profiling began, or a dropped launch) takes the GPU-side ProfilerStep window that it
+        starts in; only a trace with no launch links at all falls back to the CPU step windows."""
+        gpu = links.correlation_from_flows(self.gpu, self.flows, self.launches)
+        linked = links.link_gpu(gpu, self.launches_linked)
+        if linked["launch"].is_not_null().any():
+            by_time = links.gpu_step_windows(linked, self.gpu_annotations)
+        else:
+            by_time = assign(linked.drop("launch_step"), self.steps, by_process=False).select(
+                "idx", pl.col("step").alias("time_step"))
+        linked = (linked.join(by_time, on="idx", how="left")
+                  .with_columns(pl.coalesce("launch_step", "time_step").alias("step"))
+                  .drop("launch_step", "time_step").sort("idx"))
+        return linked
+
+    @cached_property
+    def launches_on_devices(self) -> pl.DataFrame:
+        """launches_linked with the device its GPU work ran on; a launch whose work is not in the trace goes to
+        its process's device (null when the process drives none or several)."""
+        ran_on = (self.gpu_linked.filter(pl.col("launch").is_not_null())
+                  .select(pl.col("launch").alias("idx"), "device").unique("idx", keep="first"))
+        by_process: dict[str, list[int]] = {}
+        for device, pid in self.device_process.items():
+            by_process.setdefault(pid, []).append(device)
+        own = pl.DataFrame({"proc": list(by_process), "proc_device": [d[0] if len(d) == 1 else None
+                                                                       for d in by_process.values()]},
+                           schema={"proc": pl.String, "proc_device": pl.Int64})
+        return (self.launches_linked.join(ran_on, on="idx", how="left")
+                .with_columns(pl.col("pid").cast(pl.String).alias("proc"))
+                .join(own, on="proc", how="left")
+                .with_columns(pl.coalesce(pl.col("device").cast(pl.Int64), "proc_device").alias("device"))
+                .drop("proc", "proc_device").sort("idx"))
+
+    # --- op tree ----------------------------------------------------------------------------------
+    @cached_property
+    def op_parent(self) -> list[int | None]:
+        return optree.op_parents(self.ops)
+
+    @cached_property
+    def op_children(self) -> dict[int | None, list[int]]:
+        return optree.op_children(self.ops, self.op_parent)
+
+    def op_ancestors(self, op: int | None) -> list[int]:
+        """Op indices from the outermost op down to `op`, without ProfilerStep annotations."""
+        chain: list[int] = []
+        names = self.op_names
+        while op is not None:
+            if STEP_NAME.match(names[op]):
+                break
+            chain.append(op)
+            op = self.op_parent[op]
+        return chain[::-1]
+
+    def op_chain(self, op: int | None) -> list[str]:
+        """Names from the outermost op down to `op`, e.g. aten::masked_fill > aten::clone > aten::copy_."""
+        names = self.op_names
+        return [names[i] for i in self.op_ancestors(op)]
+
+    @cached_property
+    def ops_stepped(self) -> pl.DataFrame:
+        """The ops with the step they start in."""
+        return assign(self.ops, self.steps)
+
+    @cached_property
+    def op_names(self) -> list[str]:
+        return self.ops["name"].to_list()
+
+    def op_input(self, op: int) -> tuple[Any, Any, Any]:
+        """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
+        args = self.op_args[op]
+        return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
+
+    @property
+    def has_shapes(self) -> bool:
+        return bool(self.meta.flags.get("record_shapes")) or any(a.input_dims for a in self.op_args[:2000])
+
+    def source_of(self, op: int | None) -> dict[str, Any] | None:
+        """The user's Python function around an op (innermost frame outside torch and libraries), from the
+        trace's Python stacks; None without with_stack. Kineto names a frame by the function's first line."""
+        if op is None or not self.python.height:
+            return None
+        row = self.ops.row(op, named=True)
+        frames = self.python.filter(
+            (pl.col("pid") == row["pid"]) & (pl.col("tid") == row["tid"]) & (pl.col("ts") <= row["ts"])
+            & (pl.col("end") >= row["ts"]) & ~pl.col("name").str.contains(LIBRARY_FRAMES)).sort("ts")
+        if not frames.height:
+            return None
+        match = PY_FRAME.match(frames["name"][-1])
+        if not match:
+            return None
+        return {"file": match["file"], "line": int(match["line"]), "function": match["function"]}
+
+    # --- devices ----------------------------------------------------------------------------------
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu.height > 0
+
+    @property
+    def devices(self) -> list[int]:
+        return sorted(int(d) for d in self.gpu["device"].drop_nulls().unique().to_list())
+
+    def device_name(self, index: int | None) -> str | None:
+        props = self.meta.device(index)
+        return props.get("name") if props else None
