@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import taxonomy
+from attntrace import occupancy, taxonomy
 from attntrace.model import Trace, busy_us
 
 SDPA_OPS = {
@@ -28,12 +28,33 @@ def _r(value: float | None) -> float | None:
 
 
 def top_kernels(trace: Trace, limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The kernels that take the most GPU time, with their occupancy (reported by the trace when valid, else
+    computed from the launch configuration; none on vendors whose limits differ from NVIDIA's)."""
     kernels = trace.gpu.filter(pl.col("kind") == "kernel")
     total = kernels["dur"].sum() or 0.0
-    top = (kernels.group_by("name", "cls").agg(pl.len().alias("count"), pl.col("dur").sum().alias("us"))
-           .sort(["us", "name"], descending=[True, False]).head(limit))
-    return [{"name": name, "class": cls, "count": count, "us": _r(us), "share": _r(us / total if total else 0.0)}
-            for name, cls, count, us in top.iter_rows()]
+    top = (kernels.group_by("name", "cls").agg(
+        pl.len().alias("count"), pl.col("dur").sum().alias("us"), pl.col("occupancy").max(),
+        pl.col("device", "block_threads", "registers", "shared_memory").first())
+        .sort(["us", "name"], descending=[True, False]).head(limit))
+    out = []
+    for k in top.iter_rows(named=True):
+        occupancy_pct, source = _occupancy(trace, k)
+        out.append({"name": k["name"], "class": k["cls"], "count": k["count"], "us": _r(k["us"]),
+                    "share": _r(k["us"] / total if total else 0.0), "occupancy_pct": occupancy_pct,
+                    "occupancy_source": source})
+    return out
+
+
+def _occupancy(trace: Trace, kernel: dict[str, Any]) -> tuple[float | None, str | None]:
+    if kernel["occupancy"] is not None and kernel["occupancy"] > 0:
+        return _r(kernel["occupancy"]), "reported by the trace"
+    if trace.meta.vendor(kernel["device"]) == "amd":
+        return None, "not computed for this vendor"
+    if not kernel["block_threads"]:
+        return None, None
+    computed = occupancy.theoretical(trace.meta.device(kernel["device"]), kernel["block_threads"],
+                                     kernel["registers"] or 0, kernel["shared_memory"] or 0)
+    return (computed.percent, "computed from the launch configuration") if computed else (None, None)
 
 
 def gemm_split(trace: Trace) -> dict[str, float]:

@@ -30,7 +30,7 @@ def test_lint_exit_codes():
     assert invoke("lint", CLEAN).exit_code == 0
     assert invoke("lint", NAIVE, "--fail-on", "never").exit_code == 0
     assert invoke("lint", NAIVE, "--ignore", "AT101,materialized-scores").exit_code == 0
-    assert invoke("lint", sample("bf16_causal_fwd/sdpa_flash"), "--fail-on", "info").exit_code == 1
+    assert invoke("lint", NAIVE, "--fail-on", "error").exit_code == 0
 
 
 def test_bad_input_one_line_error_and_others_still_analysed(tmp_path: Path):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import polars as pl
 
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_of
 
-# Ops that are a copy the user asked for when they are the outermost op of the chain.
+# Ops that are a copy the user asked for: a copy kernel under only these (up to the user's own annotations)
+# was asked for.
 EXPLICIT_COPY_OPS = {"aten::clone", "aten::contiguous", "aten::copy_", "aten::to", "aten::_to_copy",
                      "aten::copy", "aten::_copy_from", "aten::index_copy_", "aten::cat", "aten::stack"}
 CAST_OPS = {"aten::to", "aten::_to_copy", "aten::type_as", "aten::_autocast_to_reduced_precision",
@@ -22,6 +24,15 @@ FIXES = {
                          "under `torch.no_grad()` or where autograd allows it), or fuse the attention with "
                          "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
 }
+BUCKET_VIEW_FIX = ("DDP copies each gradient between its bucket and `.grad` every step. Construct the model with "
+                   "`DistributedDataParallel(model, gradient_as_bucket_view=True)` so that `.grad` is a view into "
+                   "the bucket and the copy disappears.")
+# Copies that are the op's own output (padding), or staging buffers of a collective: not hidden copies.
+OWN_OUTPUT_OPS = {"aten::pad", "aten::constant_pad_nd", "aten::reflection_pad1d", "aten::reflection_pad2d",
+                  "aten::replication_pad1d", "aten::replication_pad2d", "aten::cat", "aten::stack"}
+COLLECTIVE = re.compile(r"nccl|rccl|c10d::|all_reduce|allreduce|all_gather|reduce_scatter|record_param_comms|"
+                        r"broadcast_coalesced|_broadcast|alltoall|vllm::all_reduce")
+DDP = re.compile(r"copy_bucket_to_grad|DistributedDataParallel|Reducer::|c10d::|mark_variable_ready")
 GENERIC_FIX = ("Find the op that copies (the op chain names it) and give it an input it can use as is: the "
                "in-place variant, a contiguous layout produced once outside the loop, or a fused op.")
 
@@ -45,13 +56,26 @@ def _is_cast(ctx: Context, op: int | None, chain: list[str]) -> bool:
     return len(types) >= 2 and types[0] != types[1]  # copy_(dst, src) between dtypes
 
 
+def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
+    """The op chain without user annotations, and the op nearest the copy that is not itself a copy op: the
+    one that asked for the copy without saying so (None when the copy was asked for)."""
+    ops = [i for i in ctx.trace.op_ancestors(op) if ctx.trace.ops["cat"][i] != "user_annotation"]
+    names = [ctx.trace.op_names[i] for i in ops]
+    for name in reversed(names):
+        if name not in EXPLICIT_COPY_OPS:
+            return names, name
+    return names, None
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
     copies = ctx.gpu.filter(((pl.col("kind") == "memcpy") & pl.col("name").str.contains("DtoD"))
                             | (pl.col("cls") == "copy"))
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in copies.iter_rows(named=True):
-        chain = ctx.trace.op_chain(row["op"])
-        if not chain or chain[0] in EXPLICIT_COPY_OPS or _is_cast(ctx, row["op"], chain):
+        chain, asked_by = culprit(ctx, row["op"])
+        if asked_by is None or asked_by in OWN_OUTPUT_OPS or _is_cast(ctx, row["op"], chain):
+            continue
+        if any(COLLECTIVE.search(name) for name in chain) and not any(DDP.search(name) for name in chain):
             continue
         kind = "Memcpy DtoD" if row["kind"] == "memcpy" else "copy kernel"
         groups.setdefault((" > ".join(chain), kind), []).append(row)
@@ -65,13 +89,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
         if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
             continue
-        culprit = next((name for name in chain.split(" > ") if name in FIXES), chain.split(" > ")[0])
+        names = chain.split(" > ")
+        asked_by = next((n for n in reversed(names) if n not in EXPLICIT_COPY_OPS), names[-1])
+        ddp = any(DDP.search(n) for n in names)
+        fix = BUCKET_VIEW_FIX if ddp else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX)
         count = len(rows) / ctx.step_count
         size = fmt_bytes(per_copy) if per_copy else "unknown size"
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=f"{chain}|{kind}",
-            message=(f"{culprit} makes a hidden {kind} of {size}, {count:g}x per step "
+            device=rows[0]["device"],
+            message=(f"{asked_by} makes a hidden {kind} of {size}, {ctx.per_step(len(rows))} "
                      f"({fmt_us(us_per_step)} GPU per step) via {chain}"),
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
@@ -79,6 +107,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
                       "launch_api": rows[0]["launch_api"]},
             gpu_us_per_step=us_per_step,
-            fix=FIXES.get(culprit, GENERIC_FIX),
+            fix=fix,
         ))
     return findings

@@ -65,7 +65,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=hits[0][0],
             key=f"{reason}|{chain}",
-            message=(f"SDPA ran the math backend {per_step:g}x per step ({rows.height / len(hits):g} kernels "
+            message=(f"SDPA ran the math backend {ctx.per_step(len(hits))} ({rows.height / len(hits):.0f} kernels "
                      f"per call, {fmt_us(us_per_step)} GPU per step): {sentence}"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},
             evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": rows.height / len(hits),

@@ -8,24 +8,34 @@ import polars as pl
 
 from attntrace.checks.base import Context, fmt_us
 
+# Calls that block the host until the device is done: synchronize calls and synchronous copies.
 BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
-            "hipStreamSynchronize", "hipEventSynchronize")
+            "hipStreamSynchronize", "hipEventSynchronize", "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyFromSymbol",
+            "cudaMemcpyToSymbol", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyHtoD", "cuMemcpyHtoD_v2",
+            "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "hipMemcpy", "hipMemcpyWithStream",
+            "hipMemcpyDtoH", "hipMemcpyHtoD", "hipCtxSynchronize")
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
-    """GPU idle from the last GPU activity before each sync returned to the first one after it; None when
-    the trace ends before the GPU runs again."""
-    gpu = ctx.trace.gpu.select("ts", "end")
+    """Idle time of the device that synced, from its last activity before the sync returned to its first one
+    after it, within the sync's step window; None when the device does not run again in that step."""
+    gpu = ctx.trace.gpu_linked.select("ts", "end", pl.col("device").cast(pl.Int64))
     if not gpu.height:
         return [None] * syncs.height
-    keyed = syncs.select(pl.col("end").alias("t")).with_row_index("row")
-    before = keyed.sort("t").join_asof(gpu.sort("end").select(pl.col("end").alias("prev")), left_on="t",
-                                       right_on="prev", strategy="backward")
-    after = keyed.sort("t").join_asof(gpu.sort("ts").select(pl.col("ts").alias("next")), left_on="t",
-                                      right_on="next", strategy="forward")
+    windows = ctx.trace.steps.select("step", pl.col("end").alias("w_end")).group_by("step").agg(pl.col("w_end").max())
+    keyed = (syncs.select(pl.col("end").alias("t"), pl.col("device").cast(pl.Int64), "step").with_row_index("row")
+             .join(windows, on="step", how="left"))
+    by = "device" if keyed["device"].null_count() == 0 else None
+    before = keyed.sort("t").join_asof(gpu.sort("end").select("device", pl.col("end").alias("prev")), left_on="t",
+                                       right_on="prev", by=by, strategy="backward", check_sortedness=False)
+    after = keyed.sort("t").join_asof(gpu.sort("ts").select("device", pl.col("ts").alias("next")), left_on="t",
+                                      right_on="next", by=by, strategy="forward", check_sortedness=False)
     joined = before.join(after.select("row", "next"), on="row").sort("row")
-    return [None if n is None else max(0.0, n - (p if p is not None else n))
-            for p, n in joined.select("prev", "next").iter_rows()]
+    # Without step markers, the wait for work that only starts after the window (set-up, the next phase of a
+    # script) is not this workload's idle time.
+    bounded = not ctx.trace.has_step_markers
+    return [None if n is None or (bounded and w is not None and n > w) else max(0.0, n - (p if p is not None else n))
+            for p, n, w in joined.select("prev", "next", "w_end").iter_rows()]
 
 
 def _cause(chain: str) -> str:
@@ -42,7 +52,8 @@ def _cause(chain: str) -> str:
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
-    syncs = ctx.trace.launches_linked.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(BLOCKING)))
+    syncs = ctx.trace.launches_on_devices.filter(pl.col("step").is_in(ctx.trace.steady_steps)
+                                                 & pl.col("name").is_in(list(BLOCKING)))
     if not syncs.height:
         return []
     syncs = syncs.with_columns(pl.Series("idle_us", _idle_after(ctx, syncs), dtype=pl.Float64))
@@ -56,13 +67,20 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         idle_per_step = sum(r["idle_us"] or 0.0 for r in rows) / ctx.step_count
         if idle_per_step < ctx.params["min_idle_us"]:
             continue
+        share = idle_per_step / ctx.step_us if ctx.step_us else 0.0
+        # The cost decides the severity: a sync that idles the GPU for a sliver of the step is worth knowing,
+        # not worth failing a build for.
+        severity = None if share >= ctx.params["min_share_warning"] else "info"
         apis = sorted({r["name"] for r in rows})
         cause = _cause(chain)
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=chain,
-            message=(f"{per_step:g} host sync(s) per step from {cause}, via {chain} ({', '.join(apis)}); the GPU then "
-                     f"idles {fmt_us(idle_per_step)} per step waiting for the next launch"),
+            severity=severity,
+            device=rows[0]["device"],
+            message=(f"{ctx.per_step(len(rows))} host sync(s) from {cause}, via {chain} ({', '.join(apis)}); the "
+                     f"GPU then idles {fmt_us(idle_per_step)} per {'step' if ctx.trace.has_step_markers else 'trace'}"
+                     f" ({100 * share:.1f}% of it) waiting for the next launch"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({r["step"] for r in rows})},
             evidence={"syncs_per_step": per_step, "apis": apis, "cpu_wait_us_per_step":
                       sum(r["dur"] for r in rows) / ctx.step_count, "gpu_idle_us_after_each":

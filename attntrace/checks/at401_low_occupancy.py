@@ -9,8 +9,17 @@ import polars as pl
 from attntrace import occupancy, taxonomy
 from attntrace.checks.base import Context, Skip, fmt_us, steps_of
 
-BY_DESIGN = ("by design: a {what} keeps its tiles in registers and shared memory and trades occupancy for "
-             "on-chip reuse, so few warps per SM is how it runs fast")
+CONFIG = ["block_threads", "registers", "shared_memory", "grid_blocks"]
+
+
+def by_design(cls: taxonomy.KernelClass | None) -> bool:
+    """Kernels that run at low occupancy on purpose: fused attention and tensor-core GEMMs keep their tiles
+    on chip, and communication kernels hold few SMs so that compute can overlap them. FP32 SIMT GEMMs are
+    not among them (AT201 flags those)."""
+    if cls is None:
+        return False
+    return bool(cls.attention) or cls.group == taxonomy.COMMUNICATION or (
+        cls.group == "gemm" and cls.tensor_core in (True, "tf32"))
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -20,11 +29,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if kernels["block_threads"].is_null().all() and kernels["occupancy"].is_null().all():
         raise Skip("no launch configuration (block size, registers, shared memory) in the trace's kernels")
     tax = taxonomy.load()
-    per_kernel = (kernels.group_by("name", "cls").agg(
+    judged = [c.id for c in tax.classes if by_design(c)]
+    kernels = kernels.filter(~pl.col("cls").is_in(judged))
+    vendors = {d: ctx.trace.meta.vendor(d) for d in kernels["device"].unique().to_list()}
+    if kernels.height and all(v == "amd" for v in vendors.values()):
+        raise Skip("occupancy not computed for this vendor (AMD): its limits differ from NVIDIA's and the trace "
+                   "gives no occupancy")
+    # One launch configuration of one kernel is one finding: maxima across configurations would describe none.
+    per_kernel = (kernels.group_by("name", "cls", "device", *CONFIG).agg(
         pl.col("dur").sum().alias("us"), pl.len().alias("count"), pl.col("step").unique().alias("steps"),
-        pl.col("occupancy").max().alias("reported"), pl.col("registers").max(), pl.col("shared_memory").max(),
-        pl.col("block_threads").max(), pl.col("blocks_per_sm").min(), pl.col("device").first(),
-        pl.col("grid_blocks").min()).sort(["us", "name"], descending=[True, False]))
+        pl.col("occupancy").max().alias("reported"), pl.col("blocks_per_sm").min())
+        .sort(["us", "name"], descending=[True, False]))
     findings = []
     for k in per_kernel.iter_rows(named=True):
         us_per_step = k["us"] / ctx.step_count
@@ -33,7 +48,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue
         reported = k["reported"]
         computed = None
-        if k["block_threads"]:
+        if k["block_threads"] and vendors.get(k["device"]) != "amd":
             computed = occupancy.theoretical(ctx.trace.meta.device(k["device"]), k["block_threads"],
                                              k["registers"] or 0, k["shared_memory"] or 0)
         if reported is not None and reported > 0:
@@ -45,20 +60,16 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue
         if occ > ctx.params["max_occupancy"]:
             continue
-        cls = tax.by_id(k["cls"])
-        # GEMM tiles live in registers whatever the precision; an FP32 GEMM's real problem is AT201's.
-        by_design = bool(cls and (cls.attention or cls.id.startswith("gemm_")))
         tiny_grid = k["blocks_per_sm"] is not None and k["blocks_per_sm"] < 1
         limiter = computed.limited_by if computed else None
-        if by_design:
-            reason = BY_DESIGN.format(what=cls.description if cls else "kernel")
-        elif tiny_grid:
+        if tiny_grid:
             reason = (f"its grid ({k['grid_blocks']} blocks) is smaller than the number of SMs, so most SMs "
                       "sit idle: give the launch more parallelism")
         else:
             reason = f"resident warps are limited by {limiter or 'the launch configuration'}"
         findings.append(ctx.finding(
-            key=f"{k['name']}",
+            device=k["device"],
+            key=f"{k['name']}|{k['block_threads']}|{k['registers']}|{k['shared_memory']}|{k['grid_blocks']}",
             message=(f"{occ:.1f}% occupancy ({source.split(' (')[0]}) for a kernel that takes {100 * share:.0f}% "
                      f"of step GPU time ({fmt_us(us_per_step)} per step): {reason}"),
             where={"op_chain": None, "kernel": k["name"], "steps": steps_of(pl.DataFrame({"step": k["steps"]}))},
@@ -68,10 +79,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "limited_by": limiter, "registers_per_thread": k["registers"],
                       "shared_memory_bytes": k["shared_memory"], "threads_per_block": k["block_threads"],
                       "blocks_per_sm": k["blocks_per_sm"], "kernel_class": k["cls"],
-                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share, "by_design": by_design},
-            gpu_us_per_step=0.0 if by_design else us_per_step,
-            fix=("Nothing to fix: this is how fused attention and tensor-core GEMM kernels run fast."
-                 if by_design else ctx.rule.docs["fix"]),
-            severity="info" if by_design else None,
+                      "grid_blocks": k["grid_blocks"], "launches": k["count"],
+                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share},
+            gpu_us_per_step=us_per_step,
+            fix=ctx.rule.docs["fix"],
         ))
     return findings

@@ -47,7 +47,8 @@ class Context:
 
     @property
     def step_count(self) -> int:
-        return max(1, self.steps.height)
+        """Steps of one process, without graph captures: counts "per step" divide by this."""
+        return self.trace.step_count
 
     @cached_property
     def step_us(self) -> float:
@@ -59,8 +60,12 @@ class Context:
 
     @cached_property
     def gpu(self) -> pl.DataFrame:
-        """GPU activity inside steps, linked to its launch and op."""
-        return self.trace.gpu_linked.filter(pl.col("step").is_not_null())
+        """GPU activity inside steady-state steps (not graph captures), linked to its launch and op."""
+        return self.trace.gpu_linked.filter(pl.col("step").is_in(self.trace.steady_steps))
+
+    def per_step(self, total: int) -> str:
+        """A count as people say it: "1 per step", "2 in 3 steps", "per trace" when the trace has no steps."""
+        return count_per_step(total, self.step_count, self.trace.has_step_markers)
 
     def gpu_under(self, ops: set[int]) -> pl.DataFrame:
         """GPU activity in steps launched by any of `ops` or by ops nested in them; `under` names which."""
@@ -87,14 +92,18 @@ class Context:
         return [t for t in types or [] if isinstance(t, str)]
 
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
-                gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None
-                ) -> dict[str, Any]:
+                gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
+                device: int | None = None) -> dict[str, Any]:
         """A finding. The fingerprint hashes the rule, the trace's file name and a key made of names only
         (op chain, kernel), never timings, so it survives re-captures of the same program."""
         digest = hashlib.sha256(f"{self.rule.id}|{trace_label(self.trace.path)}|{key}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
             where = {**where, "source": source}
+        if device is None and len(self.trace.devices) == 1:
+            device = self.trace.devices[0]
+        where = {**where, "device": device, "device_name": None if device is None else self.trace.device_name(device),
+                 "rank": self.trace.meta.rank}
         return {
             "rule": self.rule.id,
             "name": self.rule.name,
@@ -117,6 +126,16 @@ def trace_label(path: str) -> str:
     for suffix in (".gz", ".json", ".trace", ".pt"):
         name = name.removesuffix(suffix)
     return re.sub(r"\d+", "#", name)
+
+
+def count_per_step(total: int, steps: int, has_steps: bool = True) -> str:
+    if not has_steps:
+        return f"{total} in the trace"
+    if steps <= 1:
+        return f"{total} in 1 step"
+    if total % steps == 0:
+        return f"{total // steps} per step"
+    return f"{total} in {steps} steps"
 
 
 def steps_of(frame: pl.DataFrame) -> list[int]:
