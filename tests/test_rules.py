@@ -8,8 +8,8 @@ import pytest
 from conftest import sample
 
 from attntrace.lint import lint_trace
-from attntrace.summary import summarize
 from attntrace.loading import load
+from attntrace.summary import summarize
 
 
 @cache
