@@ -13,6 +13,9 @@ from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_o
 # was asked for.
 EXPLICIT_COPY_OPS = {"aten::clone", "aten::contiguous", "aten::copy_", "aten::to", "aten::_to_copy",
                      "aten::copy", "aten::_copy_from", "aten::index_copy_", "aten::cat", "aten::stack"}
+# Allocations nest around a copy only by clock rounding: they never ask for one.
+ALLOCATION_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_", "aten::zeros",
+                  "aten::new_empty", "aten::new_empty_strided"}
 CAST_OPS = {"aten::to", "aten::_to_copy", "aten::type_as", "aten::_autocast_to_reduced_precision",
             "aten::_autocast_to_full_precision"}
 FIXES = {
@@ -62,7 +65,7 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
     ops = [i for i in ctx.trace.op_ancestors(op) if ctx.trace.ops["cat"][i] != "user_annotation"]
     names = [ctx.trace.op_names[i] for i in ops]
     for name in reversed(names):
-        if name not in EXPLICIT_COPY_OPS:
+        if name not in EXPLICIT_COPY_OPS and name not in ALLOCATION_OPS:
             return names, name
     return names, None
 
@@ -90,7 +93,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
             continue
         names = chain.split(" > ")
-        asked_by = next((n for n in reversed(names) if n not in EXPLICIT_COPY_OPS), names[-1])
+        asked_by = next((n for n in reversed(names) if n not in EXPLICIT_COPY_OPS and n not in ALLOCATION_OPS),
+                        names[-1])
         ddp = any(DDP.search(n) for n in names)
         fix = BUCKET_VIEW_FIX if ddp else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX)
         count = len(rows) / ctx.step_count
@@ -99,7 +103,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=rows[0]["op"],
             key=f"{chain}|{kind}",
             device=rows[0]["device"],
-            message=(f"{asked_by} makes a hidden {kind} of {size}, {ctx.per_step(len(rows))} "
+            message=(f"{asked_by} makes {ctx.per_step(len(rows), f'hidden {kind}')} of {size} "
                      f"({fmt_us(us_per_step)} GPU per step) via {chain}"),
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,

@@ -94,7 +94,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=hits[0][0],
             key=pattern,
             message=(f"unfused attention materialises a {side}x{side} score tensor ({fmt_bytes(score_bytes)}) "
-                     f"{ctx.per_step(len(hits))} via {pattern}: about {fmt_bytes(moved)} of memory traffic per step "
+                     f"{ctx.per_step(len(hits), 'time')} via {pattern}: about {fmt_bytes(moved)} of memory traffic "
+                     "per step "
                      f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"),
             where={"op_chain": pattern, "kernel": None, "steps": sorted({s for _, s, _, _, _ in hits})},
             evidence={"seq_len": side, "score_shape": _dims(ctx, hits[0][0])[0][0], "score_bytes": score_bytes,

@@ -65,7 +65,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=f"{cause}|{chain}",
-            message=(f"{ctx.per_step(len(rows))} FP32 GEMM(s) on CUDA cores, not tensor cores: "
+            message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores, not tensor cores: "
                      f"{why} ({fmt_us(us_per_step)} GPU per step, {100 * share:.0f}% of step GPU time)"),
             where={"op_chain": chain, "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels,

@@ -78,7 +78,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             key=chain,
             severity=severity,
             device=rows[0]["device"],
-            message=(f"{ctx.per_step(len(rows))} host sync(s) from {cause}, via {chain} ({', '.join(apis)}); the "
+            message=(f"{ctx.per_step(len(rows), 'host sync')} from {cause}, via {chain} ({', '.join(apis)}); the "
                      f"GPU then idles {fmt_us(idle_per_step)} per {'step' if ctx.trace.has_step_markers else 'trace'}"
                      f" ({100 * share:.1f}% of it) waiting for the next launch"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({r["step"] for r in rows})},

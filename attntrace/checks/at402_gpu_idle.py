@@ -21,7 +21,8 @@ def _gaps(gpu: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cpu_ops_during(ctx: Context, start: float, end: float) -> list[str]:
-    ops = ctx.trace.ops.filter((pl.col("cat") == "cpu_op") & (pl.col("ts") < end) & (pl.col("end") > start))
+    ops = ctx.trace.ops.filter((pl.col("cat") == "cpu_op") & (pl.col("ts") < end) & (pl.col("end") > start)
+                               & ~pl.col("name").str.starts_with("ProfilerStep#"))
     counts = ops.group_by("name").agg(pl.len().alias("n"), pl.col("dur").sum()).sort(
         ["dur", "name"], descending=[True, False]).head(4)
     return counts["name"].to_list()

@@ -63,9 +63,9 @@ class Context:
         """GPU activity inside steady-state steps (not graph captures), linked to its launch and op."""
         return self.trace.gpu_linked.filter(pl.col("step").is_in(self.trace.steady_steps))
 
-    def per_step(self, total: int) -> str:
-        """A count as people say it: "1 per step", "2 in 3 steps", "per trace" when the trace has no steps."""
-        return count_per_step(total, self.step_count, self.trace.has_step_markers)
+    def per_step(self, total: int, noun: str, plural: str | None = None) -> str:
+        """A count as people say it: "1 host sync per step", "2 host syncs in 3 steps", "2 ... in the trace"."""
+        return count_per_step(total, self.step_count, self.trace.has_step_markers, noun, plural)
 
     def gpu_under(self, ops: set[int]) -> pl.DataFrame:
         """GPU activity in steps launched by any of `ops` or by ops nested in them; `under` names which."""
@@ -128,14 +128,15 @@ def trace_label(path: str) -> str:
     return re.sub(r"\d+", "#", name)
 
 
-def count_per_step(total: int, steps: int, has_steps: bool = True) -> str:
+def count_per_step(total: int, steps: int, has_steps: bool, noun: str, plural: str | None = None) -> str:
+    def things(n: int) -> str:
+        return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
     if not has_steps:
-        return f"{total} in the trace"
-    if steps <= 1:
-        return f"{total} in 1 step"
-    if total % steps == 0:
-        return f"{total // steps} per step"
-    return f"{total} in {steps} steps"
+        return f"{things(total)} in the trace"
+    if steps <= 1 or total % steps == 0:
+        return f"{things(total // max(steps, 1))} per step"
+    return f"{things(total)} in {steps} steps"
 
 
 def steps_of(frame: pl.DataFrame) -> list[int]:

@@ -127,25 +127,44 @@ def _whole_trace(ops: pl.DataFrame, launches: pl.DataFrame, gpu: pl.DataFrame, o
         return Steps(_frame([], [], [], []), "trace", "whole trace", notes)
     start = min(f["ts"].min() for f in frames)  # type: ignore[type-var]
     end = max(f["end"].max() for f in frames)  # type: ignore[type-var]
-    warm_end = _first_call_end(ops, op_parent)
+    warm_ends = [t for t in (_first_call_end(ops, op_parent), _warmup_annotation_end(ops)) if t is not None]
+    warm_end = max(warm_ends) if warm_ends else None
     if warm_end is not None and warm_end < end:
         notes.append("no step markers: the trace is one window, after the first call (warm-up) ends")
         start = warm_end
     return Steps(_frame([None], [-1], [float(start)], [float(end)]), "trace", "whole trace", notes)
 
 
+WARMUP_NAME = r"(?i)warm[-_ ]?up"
+
+
+def _warmup_annotation_end(ops: pl.DataFrame) -> float | None:
+    """The end of the last annotation that calls itself warm-up (benchmark harnesses label their warm-up)."""
+    marked = ops.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.contains(WARMUP_NAME))
+    return float(marked["end"].max()) if marked.height else None  # type: ignore[arg-type]
+
+
 def _first_call_end(ops: pl.DataFrame, op_parent: list[int | None]) -> float | None:
-    """The end of the first top-level op on the busiest thread when that op is called again later: a benchmark
-    or inference loop whose first call carries the lazy initialisation and autotuning."""
+    """The end of the first call on the busiest thread when the same op is called again later: a benchmark or
+    inference loop whose first call carries the lazy initialisation and autotuning. A level that holds a
+    single op (a wrapping annotation) is looked into."""
     if not ops.height:
         return None
-    top = ops.with_columns(pl.Series("parent", op_parent, dtype=pl.Int64)).filter(pl.col("parent").is_null())
+    tree = ops.select("idx", "name", "pid", "tid", "ts", "end").with_columns(
+        pl.Series("parent", op_parent, dtype=pl.Int64))
+    top = tree.filter(pl.col("parent").is_null())
     if not top.height:
         return None
     pid, tid, _ = top.group_by("pid", "tid").len().sort(["len", "pid", "tid"], descending=[True, False, False]).row(0)
-    thread = top.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("ts")
-    first = thread.row(0, named=True)
-    if (thread["name"] == first["name"]).sum() < 2:
+    level = top.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("ts")
+    for _ in range(8):
+        if level.height != 1:
+            break
+        level = tree.filter(pl.col("parent") == level["idx"][0]).sort("ts")
+    if level.height < 2:
+        return None
+    first = level.row(0, named=True)
+    if (level["name"] == first["name"]).sum() < 2:
         return None
     return float(first["end"])
 
