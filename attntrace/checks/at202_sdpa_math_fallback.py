@@ -66,7 +66,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=hits[0][0],
             key=f"{reason}|{chain}",
             message=(f"SDPA ran the math backend: {ctx.per_step(len(hits), 'call')} "
-                     f"({rows.height / len(hits):.0f} kernels per call, {fmt_us(us_per_step)} GPU per step): {sentence}"),
+                     f"({rows.height / len(hits):.0f} kernels per call, {fmt_us(us_per_step)} GPU per step): "
+                     f"{sentence}"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},
             evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": rows.height / len(hits),
                       "gpu_us_per_step": us_per_step, "assumed_fused_speedup": ctx.params["expected_speedup"]},
