@@ -64,10 +64,11 @@ def _disambiguate(cand: pl.DataFrame, fanout: pl.DataFrame) -> pl.DataFrame:
 
 
 def _graph_replays(linked: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
-    """Kernels replayed from a CUDA/HIP graph that carry no usable correlation go to the graph launch that
-    precedes them."""
+    """Kernels replayed from a CUDA/HIP graph that carry no correlation go to the graph launch that precedes
+    them. A kernel whose correlation names a launch outside the trace (queued before profiling) stays unlinked."""
     graphs = launches.filter(pl.col("name").is_in(GRAPH_LAUNCH_APIS))
-    orphans = linked.filter(pl.col("launch").is_null())
+    orphans = linked.filter(pl.col("launch").is_null() & (pl.col("correlation").is_null()
+                                                          | (pl.col("correlation") == 0)))
     if not graphs.height or not orphans.height:
         return linked
     right = graphs.select(pl.col("idx").alias("g_launch"), pl.col("op").alias("g_op"),

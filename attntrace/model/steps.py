@@ -145,9 +145,9 @@ def _warmup_annotation_end(ops: pl.DataFrame) -> float | None:
 
 
 def _first_call_end(ops: pl.DataFrame, op_parent: list[int | None]) -> float | None:
-    """The end of the first call on the busiest thread when the same op is called again later: a benchmark or
-    inference loop whose first call carries the lazy initialisation and autotuning. A level that holds a
-    single op (a wrapping annotation) is looked into."""
+    """Where the second call begins on the busiest thread, when the sequence of top-level ops starts over (a
+    benchmark or inference loop whose first call carries the lazy initialisation and autotuning). A level that
+    holds a single op (a wrapping annotation) is looked into."""
     if not ops.height:
         return None
     tree = ops.select("idx", "name", "pid", "tid", "ts", "end").with_columns(
@@ -163,10 +163,8 @@ def _first_call_end(ops: pl.DataFrame, op_parent: list[int | None]) -> float | N
         level = tree.filter(pl.col("parent") == level["idx"][0]).sort("ts")
     if level.height < 2:
         return None
-    first = level.row(0, named=True)
-    if (level["name"] == first["name"]).sum() < 2:
-        return None
-    return float(first["end"])
+    again = level.slice(1).filter(pl.col("name") == level["name"][0])
+    return float(again["ts"][0]) if again.height else None
 
 
 def capture_windows(launches: pl.DataFrame) -> pl.DataFrame:
