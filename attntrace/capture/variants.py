@@ -278,11 +278,11 @@ def unsupported_reason(variant: Variant, device: torch.device, dtype: torch.dtyp
     """Why this variant cannot run here, as one short phrase, or None when it can."""
     import importlib.util
 
+    if device.type not in variant.devices:
+        return f"needs {'/'.join(sorted(variant.devices))}, not {device.type}"
     for module in variant.needs:
         if importlib.util.find_spec(module) is None:
             return f"{module} not installed"
-    if device.type not in variant.devices:
-        return f"needs {'/'.join(sorted(variant.devices))}, not {device.type}"
     if dtype not in variant.dtypes:
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in variant.dtypes))
         return f"takes {names}, not {str(dtype).removeprefix('torch.')}"
