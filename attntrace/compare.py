@@ -94,6 +94,8 @@ def op_bytes(name: str, dims: Any, types: Any) -> int | None:
     if name in GEMMS and len(tensors) >= 2:
         (a, size), (b, _) = tensors[-2], tensors[-1]
         return sum(sizes) + math.prod(a[:-1]) * b[-1] * size
+    if name.startswith("triton_"):
+        return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
     if name == "aten::copy_":
         return sum(sizes)  # read the source, write the destination
     if "attention" in name:

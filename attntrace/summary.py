@@ -67,7 +67,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
     known = gemm_total - split["unknown"]
     gpu = trace.gpu_linked
     return {
-        "device": trace.meta.device(None).get("name") or ("unknown GPU" if trace.has_gpu else None),
+        # A CPU-only trace still carries the machine's GPU in its metadata: name it only when GPU work ran.
+        "device": (trace.meta.device(None).get("name") or "unknown GPU") if trace.has_gpu else None,
         "steps": steps.height if trace.has_step_markers else 0,
         "gpu_busy_us": _r(busy_us(gpu, [])["busy_us"][0]) if gpu.height else 0.0,
         "kernels": int((gpu["kind"] == "kernel").sum()),

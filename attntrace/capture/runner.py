@@ -237,8 +237,9 @@ def _run_variant(variant: Variant, config: RunConfig, device: torch.device,
     except (RuntimeError, NotImplementedError, ValueError, TypeError, AssertionError) as exc:
         # A pinned SDPA backend that refuses these inputs raises here: that is a skip, not a failure. The
         # table gets one phrase; run.json keeps PyTorch's whole message.
-        result.reason = short_reason(exc, [str(w.message) for w in caught], variant.name)
-        result.detail = _full_text(exc)
+        warned = [str(w.message) for w in caught]
+        result.reason = short_reason(exc, warned, variant.name)
+        result.detail = _full_text(exc, backend_reasons(warned, variant.name))
         return result
     if not result.rel_error <= TOLERANCE[dtype]:
         result.status = "failed"
@@ -280,55 +281,69 @@ def _captured_stderr() -> Iterator[list[str]]:
                          if line.strip())
 
 
-_BACKEND_HEADERS = {"flash": "Flash attention kernel not used because",
-                    "efficient": "Memory efficient kernel not used because",
-                    "cudnn": "CuDNN attention kernel not used because"}
+_BACKEND_HEADERS = {"flash": "flash attention kernel not used because",
+                    "efficient": "memory efficient kernel not used because",
+                    "cudnn": "cudnn attention kernel not used because"}
 _SHORTENERS = [
     (re.compile(r"less than or equal to (\d+)\. Got Query\.size\(-1\): (\d+)"),
      lambda m: f"head dim {m[2]} > {m[1]}"),
     (re.compile(r"dtype: \{([^}]*)\}\. Got Query dtype: (\w+)"), lambda m: f"dtype {m[2]} not in {m[1]}"),
     (re.compile(r"not support non-null attn_mask", re.I), lambda m: "no attn_mask support"),
     (re.compile(r"(?:lower|upper)[ _]right|CausalBias", re.I), lambda m: "no lower-right causal mask"),
-    (re.compile(r"enable_gqa|number of heads in key/value|num_heads.*divisible", re.I),
+    (re.compile(r"same num_heads|enable_gqa|number of heads in key/value", re.I),
      lambda m: "no grouped-query heads"),
     (re.compile(r"nested", re.I), lambda m: "no nested tensors"),
 ]
+
+
+def _is_header(text: str) -> bool:
+    return any(text.lower().startswith(h) for h in _BACKEND_HEADERS.values())
+
+
+def backend_reasons(warned: list[str], variant: str) -> list[str]:
+    """PyTorch's reasons why the backend a variant pins refused the inputs: the warnings after that
+    backend's 'kernel not used because:' header, up to the next backend's header."""
+    backend = next((b for b in _BACKEND_HEADERS if variant.endswith(b)), None)
+    if backend is None:
+        return []
+    header = _BACKEND_HEADERS[backend]
+    start = next((i for i, w in enumerate(warned) if w.lower().startswith(header)), None)
+    if start is None:
+        return []
+    section = []
+    for text in warned[start + 1:]:
+        if _is_header(text):
+            break
+        section.append(_untriggered(text))
+    return section
 
 
 def short_reason(exc: BaseException, warned: list[str], variant: str) -> str:
     """One phrase for the table: `flash: head dim 1000 > 256` rather than PyTorch's 'No available kernel',
     whose real reason is in the warnings printed just before it."""
     backend = next((b for b in _BACKEND_HEADERS if variant.endswith(b)), None)
-    texts = [str(exc)]
-    if backend is not None:
-        # The reasons follow the pinned backend's header, up to the next backend's header.
-        header = _BACKEND_HEADERS[backend]
-        start = next((i for i, w in enumerate(warned) if w.startswith(header)), None)
-        if start is not None:
-            section = []
-            for text in warned[start + 1:]:
-                if any(text.startswith(h) for h in _BACKEND_HEADERS.values()):
-                    break
-                section.append(text)
-            texts = section + texts
-    for text in texts:
+    section = backend_reasons(warned, variant)
+    for text in [*section, str(exc)]:
         for pattern, phrase in _SHORTENERS:
             found = pattern.search(text)
             if found:
                 return f"{backend}: {phrase(found)}" if backend else phrase(found)
-    if backend is not None and len(texts) > 1:
-        return f"{backend}: {_first_sentence(texts[0])}"
+    if backend is not None:
+        return f"{backend}: {_first_sentence(section[0]) if section else _first_sentence(str(exc))}"
     return _first_sentence(str(exc)) or type(exc).__name__
 
 
+def _untriggered(text: str) -> str:
+    return re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
+
+
 def _first_sentence(text: str, limit: int = 60) -> str:
-    text = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
-    first = re.split(r"(?<=[a-z0-9)])\. |\n", text, maxsplit=1)[0].strip().rstrip(".")
+    first = re.split(r"(?<=[a-z0-9)])\. |\n", _untriggered(text), maxsplit=1)[0].strip().rstrip(".")
     return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
 
 
-def _full_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip()}"
+def _full_text(exc: BaseException, reasons: list[str]) -> str:
+    return "\n".join([f"{type(exc).__name__}: {str(exc).strip()}", *reasons])
 
 
 def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, Any], list[VariantResult]]:
