@@ -21,6 +21,7 @@ capture() {  # folder, then attntrace run's arguments
   python3 -c 'import torch,triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "triton", triton.__version__)'
   capture bf16_gqa_fwd --kv-heads 2
   capture bf16_decode_kvcache --query-len 1 --kv-len 8192 --batch 8 --heads 32 --kv-heads 8 --head-dim 128
+  capture bf16_decode_q16 --query-len 16 --kv-len 8192 --batch 8 --heads 32 --kv-heads 8 --head-dim 128
   capture bf16_window_fwd --window 1024 --seq 8192 --batch 1
   capture bf16_varlen_fwd --varlen --batch 8 --seq 2048
   capture bf16_causal_fwd_v2
@@ -28,7 +29,7 @@ capture() {  # folder, then attntrace run's arguments
   echo "### head dim 1000"
   python3 -m attntrace run --variants sdpa_flash,sdpa_cudnn,sdpa_efficient --head-dim 1000 --seq 256 --no-lint --out /tmp/hd1000
   echo "### exit $?"
-  python3 -c 'import json; [print(v["name"], "|", v["reason"], "|", (v.get("detail") or "")[:300]) for v in json.load(open("/tmp/hd1000/run.json"))["variants"]]'
+  python3 -c 'import json; [print(v["name"], "|", v["reason"], "|", v.get("detail"), "|", v["warnings"]) for v in json.load(open("/tmp/hd1000/run.json"))["variants"]]'
   echo "### fp32"
   python3 -m attntrace run --variants naive,sdpa --dtype fp32 --seq 1024 --no-lint --out /tmp/fp32
   echo "### exit $?"

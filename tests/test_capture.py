@@ -131,7 +131,8 @@ def test_unsupported_combinations_are_skipped_with_reason():
     cpu = torch.device("cpu")
     assert "cuda" in unsupported_reason(VARIANTS["sdpa_flash"], cpu, torch.bfloat16, shape, False)
     assert unsupported_reason(VARIANTS["naive"], cpu, torch.float32, shape, True) is None
-    assert unsupported_reason(VARIANTS["sdpa_nested"], cpu, torch.float32, shape, True) == "forward only; no backward here"
+    nested = unsupported_reason(VARIANTS["sdpa_nested"], cpu, torch.float32, shape, True)
+    assert nested == "forward only; no backward here"
     gqa = Shape(1, 4, 64, 64, kv_heads=2)
     assert unsupported_reason(VARIANTS["xformers"], cpu, torch.float32, gqa, False) == "needs cuda, not cpu"
 
