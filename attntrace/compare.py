@@ -91,9 +91,11 @@ def op_bytes(name: str, dims: Any, types: Any) -> int | None:
     if not tensors:
         return None
     sizes = [math.prod(d) * size for d, size in tensors]
-    if name in GEMMS and len(tensors) >= 2:
-        (a, size), (b, _) = tensors[-2], tensors[-1]
-        return sum(sizes) + math.prod(a[:-1]) * b[-1] * size
+    first = 1 if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm") else 0  # after the bias
+    if name in GEMMS and len(tensors) >= first + 2:
+        (a, size), (b, _) = tensors[first], tensors[first + 1]
+        # A tensor after the operands is the out= buffer: written once, not read.
+        return sum(sizes[: first + 2]) + math.prod(a[:-1]) * b[-1] * size
     if name.startswith("triton_"):
         return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
     if name == "aten::copy_":

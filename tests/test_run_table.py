@@ -91,6 +91,8 @@ def test_attended_pairs_and_flops():
 def test_op_bytes():
     bf16 = "c10::BFloat16"
     assert compare.op_bytes("aten::bmm", [[2, 3, 4], [2, 4, 5]], [bf16, bf16]) == 2 * (24 + 40 + 30)
+    assert compare.op_bytes("aten::bmm", [[2, 3, 4], [2, 4, 5], [2, 3, 5]], [bf16] * 3) == 2 * (24 + 40 + 30)
+    assert compare.op_bytes("aten::addmm", [[5], [3, 4], [4, 5]], [bf16] * 3) == 2 * (5 + 12 + 20 + 15)
     assert compare.op_bytes("aten::copy_", [[10], [10], []], [bf16, bf16, "Scalar"]) == 40
     assert compare.op_bytes("aten::masked_fill_", [[4, 4], [4, 4], []], [bf16, "bool", "Scalar"]) == 32 + 16 + 32
     assert compare.op_bytes("aten::mul", [[8], []], [bf16, "double"]) == 32
