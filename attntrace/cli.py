@@ -122,23 +122,20 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
 
 
 # --- run ------------------------------------------------------------------------------------------
-def _variant_list(value: str) -> tuple[str, ...]:
-    from attntrace.capture.variants import VARIANTS
-
-    if value == "all":
-        return tuple(VARIANTS)
-    names = tuple(v.strip() for v in value.split(",") if v.strip())
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise click.BadParameter(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    return names
-
-
 @main.command()
-@click.option("--variants", default="all", show_default=True, help="Comma-separated variant names, or all.")
+@click.option("--variants", default="all", show_default=True,
+              help="Comma-separated variant names, or all (those that fit the scenario).")
 @click.option("--batch", type=int, default=None, help="[default: 4 on cuda, 1 on cpu]")
-@click.option("--heads", type=int, default=None, help="[default: 16 on cuda, 2 on cpu]")
-@click.option("--seq", type=int, default=None, help="[default: 2048 on cuda, 128 on cpu]")
+@click.option("--heads", type=int, default=None, help="Query heads.  [default: 16 on cuda, 2 on cpu]")
+@click.option("--kv-heads", type=int, default=None,
+              help="Key/value heads: fewer than --heads is grouped-query attention, 1 is multi-query.")
+@click.option("--seq", "--kv-len", "seq", type=int, default=None,
+              help="Sequence length; the KV cache length with --query-len.  [default: 2048 on cuda, 128 on cpu]")
+@click.option("--query-len", type=int, default=None,
+              help="Queries per sequence, the last positions of it: 1 for decode with a KV cache.")
+@click.option("--window", type=int, default=None, help="Causal sliding window: each query sees its last N keys.")
+@click.option("--varlen", is_flag=True,
+              help="Variable lengths (a quarter of --seq up to all of it): padded batch vs jagged tensors.")
 @click.option("--head-dim", type=int, default=64, show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--causal/--no-causal", default=True, show_default=True)
@@ -150,24 +147,36 @@ def _variant_list(value: str) -> tuple[str, ...]:
 @click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (findings then name your source lines).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def run(variants: str, batch: int | None, heads: int | None, seq: int | None, head_dim: int, dtype: str,
-        causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
-        with_stack: bool, fmt: str) -> None:
-    """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]')."""
-    try:
-        from attntrace.capture import runner
-        from attntrace.capture.variants import Shape
-    except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
-    from attntrace.compare import analyse_run
+def run(variants: str, batch: int | None, heads: int | None, kv_heads: int | None, seq: int | None,
+        query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str, causal: bool,
+        backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool, with_stack: bool,
+        fmt: str) -> None:
+    """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
+
+    Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
+    requested variant was skipped."""
+    from attntrace.capture import options
 
     small = device == "cpu"
-    shape = Shape(batch or (1 if small else 4), heads or (2 if small else 16), seq or (128 if small else 2048),
-                  head_dim)
-    if min(shape.batch, shape.heads, shape.seq, shape.head_dim, steps) < 1 or warmup < 0:
-        raise click.BadParameter("sizes and --steps must be positive, --warmup non-negative")
-    config = runner.RunConfig(_variant_list(variants), shape, dtype, causal, backward, steps, warmup, device,
-                              Path(out_dir), with_stack)
+    batch, heads, seq = batch or (1 if small else 4), heads or (2 if small else 16), seq or (128 if small else 2048)
+    shape = options.Shape(batch, heads, seq, head_dim, kv_heads, query_len, window,
+                          options.varlen_lengths(batch, seq) if varlen else None)
+    problem = options.check_shape(shape, causal, backward, steps, warmup)
+    if problem:
+        raise click.UsageError(problem)
+    try:
+        names = options.variant_names(variants, shape)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--variants") from exc
+    # Arguments are checked above, before torch's import (seconds) below.
+    try:
+        from attntrace.capture import runner
+    except ImportError as exc:
+        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    from attntrace.compare import analyse_run, header_line, peak_line, render, verdict
+
+    config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
+                              with_stack)
     try:
         meta, results = runner.run(config, progress=lambda line: click.echo(line, err=True))
     except RuntimeError as exc:
@@ -177,16 +186,18 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
     if fmt == "json":
         _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", None)
     else:
-        from attntrace.compare import render
-
-        env = meta["environment"]
-        click.echo(f"{env.get('gpu') or env.get('cpu')} | torch {env['torch']} | {dtype} | "
-                   f"B={shape.batch} H={shape.heads} S={shape.seq} D={head_dim} | "
-                   f"{'causal' if causal else 'full'} | {'fwd+bwd' if backward else 'fwd'}")
-        click.echo(render(report["table"]))
-        click.echo(f"traces and run.json in {out_dir}")
-    failed = any(r.status == "failed" for r in results)
-    sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
+        click.echo(header_line(report))
+        click.echo(render(report["table"], backward))
+        click.echo(peak_line(report))
+        click.echo(verdict(report))
+        warned = sum(len(r.warnings) for r in results)
+        click.echo(f"traces and run.json in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
+    if any(r.status == "failed" for r in results):
+        sys.exit(EXIT_FINDINGS)
+    if not any(r.status == "ok" for r in results):
+        _error("every requested variant was skipped; run.json says why")
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_OK)
 
 
 # --- lint -----------------------------------------------------------------------------------------

@@ -1,44 +1,149 @@
-"""The comparison table of `attntrace run`, built from the traces it wrote (no torch needed)."""
+"""The comparison table of `attntrace run`, built from the traces it wrote (no torch needed): time, useful
+FLOP/s against the device's peak for the precision used, estimated memory traffic against its HBM peak,
+the profiler's own cost, and a verdict."""
 
 from __future__ import annotations
 
+import math
+import re
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-# Dense bf16/fp16 tensor-core peak in TFLOP/s (vendor datasheets, without sparsity), matched on the
-# name torch reports. Longest key first so that "H100 PCIe" wins over "H100".
-PEAK_TFLOPS = {
-    "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0,
-    "B200": 2250.0, "B100": 1750.0, "A100": 312.0, "A800": 312.0, "A10G": 70.0, "A10": 125.0, "A30": 165.0,
-    "A40": 150.0, "L40S": 362.0, "L40": 181.0, "L4": 121.0, "RTX 4090": 165.0, "RTX 3090": 71.0,
-    "V100": 125.0, "T4": 65.0, "MI300X": 1307.0, "MI250X": 383.0, "MI250": 362.0,
-}
+from attntrace.data import load_toml
+
+PEAKS_FILE = Path(__file__).resolve().parent / "peaks.toml"
 
 
-def peak_tflops(gpu_name: str | None) -> float | None:
+@cache
+def _devices() -> list[dict[str, Any]]:
+    return list(load_toml(PEAKS_FILE)["device"])
+
+
+def device_peaks(gpu_name: str | None) -> dict[str, Any] | None:
+    """The peaks.toml entry whose `match` is the longest whole-word part of the device's name."""
     if not gpu_name:
         return None
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in gpu_name:
-            return PEAK_TFLOPS[key]
-    return None
+    found = [d for d in _devices() if re.search(rf"(?<![\w]){re.escape(d['match'])}(?![\w])", gpu_name)]
+    return max(found, key=lambda d: len(d["match"])) if found else None
 
 
-def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool, backward: bool) -> float:
-    """Useful FLOPs of one call: two S x S x D matmuls forward (halved when causal, as FlashAttention counts
-    them), and 2.5x that again for the backward."""
-    forward = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+def precision(dtype: str, tf32: bool) -> str:
+    """Which peak a run's matmuls are held to: the 16-bit tensor-core one, TF32, or plain FP32."""
+    return dtype if dtype in ("bf16", "fp16") else ("tf32" if tf32 else "fp32")
+
+
+def peak_for(environment: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The peak used for % peak and % HBM, and which one it is; `tflops` None with a reason when unknown."""
+    gpu = environment.get("gpu")
+    if not gpu:
+        return {"device": None, "precision": None, "tflops": None, "hbm_tbs": None,
+                "reason": "no peak for a CPU run"}
+    entry = device_peaks(gpu)
+    kind = precision(dtype, bool(environment.get("tf32_matmul")))
+    if entry is None:
+        return {"device": gpu, "precision": kind, "tflops": None, "hbm_tbs": None,
+                "reason": f"unknown device {gpu!r}: add it to attntrace/peaks.toml"}
+    return {"device": entry["name"], "precision": kind, "tflops": entry.get(kind), "hbm_tbs": entry.get("hbm_tbs"),
+            "reason": None}
+
+
+def attended_pairs(shape: dict[str, Any], causal: bool) -> int:
+    """(query, key) pairs that take part, summed over the batch, for one head: queries are the last q_len
+    positions, a causal query sees keys up to its own position, a window only the last `window` of them,
+    and variable length only the sequence's own tokens (padded rows are not useful work)."""
+    kv = shape["seq"]
+    q = shape.get("query_len") or kv
+    window = shape.get("window")
+    lengths = shape.get("lengths") or [kv] * shape["batch"]
+    offset = kv - q
+    total = 0
+    for length in lengths:
+        for row in range(min(q, length) if shape.get("lengths") else q):
+            pos = row + offset
+            hi = min(pos + 1, length) if causal else length
+            lo = max(0, pos - window + 1) if window else 0
+            total += max(0, hi - lo)
+    return total
+
+
+def attention_flops(shape: dict[str, Any], causal: bool, backward: bool) -> float:
+    """Useful FLOPs of one call: two matmuls of 2*D FLOPs per attended (query, key) pair and head, and 2.5x
+    that again for the backward."""
+    forward = 4.0 * shape["head_dim"] * shape["heads"] * attended_pairs(shape, causal)
     return forward * (3.5 if backward else 1.0)
 
 
-def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None,
+# --- memory traffic -------------------------------------------------------------------------------
+ITEMSIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "long int": 8, "int": 4,
+            "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+GEMMS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul"}
+
+
+def op_bytes(name: str, dims: Any, types: Any) -> int | None:
+    """Bytes an op reads and writes, from its recorded input shapes: every tensor input read once, and an
+    output written (a GEMM's [.., M, N], a fused attention's query-shaped one, an in-place op's self, an
+    elementwise op's largest input). An estimate of DRAM traffic: caches can only lower it."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    tensors = [(d, ITEMSIZE[t]) for d, t in zip(dims, types, strict=False)
+               if isinstance(d, list) and d and t in ITEMSIZE and all(isinstance(x, int) for x in d)]
+    if not tensors:
+        return None
+    sizes = [math.prod(d) * size for d, size in tensors]
+    first = 1 if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm") else 0  # after the bias
+    if name in GEMMS and len(tensors) >= first + 2:
+        (a, size), (b, _) = tensors[first], tensors[first + 1]
+        # A tensor after the operands is the out= buffer: written once, not read.
+        return sum(sizes[: first + 2]) + math.prod(a[:-1]) * b[-1] * size
+    if name.startswith("triton_"):
+        return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
+    if name == "aten::copy_":
+        return sum(sizes)  # read the source, write the destination
+    if "attention" in name:
+        return sum(sizes) + sizes[0]
+    if name.endswith("_"):
+        return sum(sizes) + sizes[0]
+    return sum(sizes) + max(sizes)
+
+
+def bytes_per_step(trace: Any) -> float | None:
+    """Estimated bytes moved per step by the ops that launched GPU work, or None when ops without recorded
+    shapes (compiled graphs, Triton launches) hold more than a tenth of the GPU time."""
+    gpu = trace.gpu_linked
+    gpu = gpu.filter(gpu["step"].is_not_null())
+    if not gpu.height or not trace.has_shapes:
+        return None
+    names = trace.op_names
+    known_us = unknown_us = 0.0
+    total = 0
+    seen: dict[int, int | None] = {}
+    for op, dur in zip(gpu["op"].to_list(), gpu["dur"].to_list(), strict=True):
+        if op is not None and op not in seen:
+            dims, types, _ = trace.op_input(op)
+            seen[op] = op_bytes(names[op], dims, types)
+            total += seen[op] or 0
+        if op is not None and seen[op] is not None:
+            known_us += dur or 0.0
+        else:
+            unknown_us += dur or 0.0
+    if unknown_us > 0.1 * (known_us + unknown_us):
+        return None
+    steps = gpu["step"].n_unique()
+    return total / steps
+
+
+# --- the table ------------------------------------------------------------------------------------
+def table_rows(results: list[dict[str, Any]], flops: float, peak: dict[str, Any],
                on_gpu: bool = True) -> list[dict[str, Any]]:
-    """One row per variant from its run result and trace numbers (per step = per forward). On the CPU there
-    are no kernels: time, throughput and speed-up come from the wall-clock timing instead."""
+    """One row per variant from its run result and trace numbers (per step = one call). On the CPU there
+    are no kernels: time, throughput and speed-up come from the timed run without the profiler."""
 
     def time_ms(r: dict[str, Any]) -> float | None:
         return r["numbers"].get("gpu_ms") if on_gpu else r.get("event_ms")
 
-    baseline = next((time_ms(r) for r in results if r["name"] == "naive" and r["numbers"]), None)
+    baseline = next((time_ms(r) for r in results if r["name"] == "naive" and r["status"] == "ok"), None)
+    ridge = peak["tflops"] / peak["hbm_tbs"] if peak.get("tflops") and peak.get("hbm_tbs") else None
     rows = []
     for r in results:
         n = r["numbers"]
@@ -47,6 +152,12 @@ def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None,
             continue
         ms = time_ms(r)
         tflops = flops / (ms * 1e-3) / 1e12 if ms else None
+        moved = n.get("bytes") if on_gpu else None
+        # Bandwidth is the measure of a memory-bound variant: fewer useful FLOPs per byte than the device's
+        # ridge point (all of them when the device is unknown).
+        memory_bound = bool(moved and (ridge is None or flops / moved < ridge))
+        tbs = moved / (ms * 1e-3) / 1e12 if memory_bound and ms else None
+        profiled = n.get("gpu_ms") if on_gpu else n.get("cpu_ms")
         rows.append({
             "variant": r["name"],
             "kernels": n.get("kernels") if on_gpu else None,
@@ -55,7 +166,10 @@ def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None,
             "cpu_ms": n.get("cpu_ms"),
             "copies": n.get("copies") if on_gpu else None,
             "tflops": tflops,
-            "peak_pct": 100.0 * tflops / peak if tflops and peak else None,
+            "peak_pct": 100.0 * tflops / peak["tflops"] if tflops and peak.get("tflops") else None,
+            "tbs": tbs,
+            "hbm_pct": 100.0 * tbs / peak["hbm_tbs"] if tbs and peak.get("hbm_tbs") else None,
+            "profiler_x": profiled / r["event_ms"] if profiled and r.get("event_ms") else None,
             "speedup": baseline / ms if baseline and ms else None,
             "findings": n.get("findings"),
             "status": "ok",
@@ -63,34 +177,85 @@ def table_rows(results: list[dict[str, Any]], flops: float, peak: float | None,
     return rows
 
 
-HEADERS = {"variant": "variant", "kernels": "kernels/fwd", "gpu_ms": "GPU ms/fwd", "event_ms": "event ms",
-           "cpu_ms": "CPU ms/fwd", "copies": "copies", "tflops": "TFLOP/s", "peak_pct": "% peak",
-           "speedup": "vs naive", "findings": "findings", "status": "status"}
+def headers(backward: bool) -> dict[str, str]:
+    """Column titles, named by what a step measured: one forward, or one forward plus backward."""
+    unit = "fwd+bwd" if backward else "fwd"
+    return {"variant": "variant", "kernels": f"kernels/{unit}", "gpu_ms": f"GPU ms/{unit}",
+            "event_ms": f"timed ms/{unit}", "cpu_ms": f"CPU ms/{unit}", "copies": "copies", "tflops": "TFLOP/s",
+            "peak_pct": "% peak", "tbs": "TB/s", "hbm_pct": "% HBM", "profiler_x": "profiler x",
+            "speedup": "vs naive", "findings": "findings", "status": "status"}
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def _cell(key: str, value: Any) -> Any:
+    if value is None:
+        return "-"
+    if key in ("speedup", "profiler_x"):
+        return f"{value:.2f}x"
+    if key in ("kernels", "copies") and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, float):
+        if key.endswith("_ms"):
+            return f"{value:.3f}"
+        if key in ("tflops", "tbs"):
+            return f"{value:.3g}" if value < 10 else f"{value:.1f}"
+        return f"{value:.1f}"
+    return value
+
+
+def render(rows: list[dict[str, Any]], backward: bool = False) -> str:
+    """The table, without the columns that hold nothing in this run (kernels and GPU time on the CPU)."""
     from tabulate import tabulate
 
-    def cell(key: str, value: Any) -> Any:
-        if value is None:
-            return "-"
-        if key == "speedup":
-            return f"{value:.2f}x"
-        if key == "kernels" and float(value).is_integer():
-            return str(int(value))
-        if isinstance(value, float):
-            return f"{value:.3f}" if key.endswith("_ms") else f"{value:.1f}"
-        return value
+    titles = headers(backward)
+    keys = [k for k in titles if k in ("variant", "status") or any(row.get(k) is not None for row in rows)]
+    body = [[_cell(k, row.get(k)) for k in keys] for row in rows]
+    return tabulate(body, headers=[titles[k] for k in keys], tablefmt="simple", disable_numparse=True)
 
-    body = [[cell(k, row.get(k)) for k in HEADERS] for row in rows]
-    return tabulate(body, headers=list(HEADERS.values()), tablefmt="simple", disable_numparse=True)
+
+def peak_line(report: dict[str, Any]) -> str:
+    peak = report["peak"]
+    if peak.get("tflops") is None:
+        return f"peak: {peak['reason']}"
+    hbm = f", HBM {peak['hbm_tbs']} TB/s" if peak.get("hbm_tbs") else ""
+    return f"peak: {peak['device']}, {peak['precision']} {peak['tflops']} TFLOP/s{hbm} (dense, datasheet)"
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """The fastest variant that passed the float64 check, and its speed-up over naive (or the slowest)."""
+    on_gpu = report["config"]["device"] == "cuda"
+    unit = "fwd+bwd" if report["config"]["backward"] else "fwd"
+    timed = [(row["gpu_ms"] if on_gpu else row["event_ms"], row["variant"]) for row in report["table"]
+             if row.get("status") == "ok" and (row.get("gpu_ms") if on_gpu else row.get("event_ms"))]
+    if not timed:
+        return "verdict: no variant ran and passed its check"
+    best_ms, best = min(timed)
+    naive = next((ms for ms, name in timed if name == "naive"), None)
+    if best == "naive" or len(timed) == 1:
+        return f"verdict: {best} is fastest at {best_ms:.3f} ms per {unit}"
+    against, slow_ms = ("naive", naive) if naive else max(timed, key=lambda t: t[0])[::-1]
+    return f"verdict: {best} is fastest at {best_ms:.3f} ms per {unit}, {slow_ms / best_ms:.2f}x faster than {against}"
+
+
+def header_line(report: dict[str, Any]) -> str:
+    config, env = report["config"], report["environment"]
+    s = config["shape"]
+    kv_heads = s.get("kv_heads") or s["heads"]
+    q = s.get("query_len") or s["seq"]
+    sizes = f"B={s['batch']} H={s['heads']}" + (f" KV heads={kv_heads}" if kv_heads != s["heads"] else "")
+    sizes += f" S={s['seq']}" if q == s["seq"] else f" queries={q} KV len={s['seq']}"
+    sizes += f" D={s['head_dim']}"
+    extra = [f"window {s['window']}"] if s.get("window") else []
+    if s.get("lengths"):
+        extra.append(f"lengths {min(s['lengths'])}..{max(s['lengths'])}")
+    mask = "causal" if config["causal"] else "full"
+    return " | ".join([env.get("gpu") or env.get("cpu") or "cpu", f"torch {env['torch']}", config["dtype"],
+                       config.get("scenario", "dense"), sizes, mask, *extra,
+                       "fwd+bwd" if config["backward"] else "fwd"])
 
 
 def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool) -> dict[str, Any]:
     """run.json: the config, the environment, each variant's result with numbers read back from its trace
     (a path relative to the run's output directory), and the comparison table."""
-    from pathlib import Path
-
     from attntrace.loading import load
     from attntrace.summary import step_means, summarize
 
@@ -107,18 +272,18 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
                 "cpu_ms": means.get("cpu_us", 0.0) / 1e3,
                 "copies": means.get("memcpy"),
                 "launches": means.get("launches"),
+                "bytes": bytes_per_step(trace) if trace.has_gpu else None,
                 "attention_backends": summary["attention_backends"],
                 "top_kernel": summary["top_kernels"][0]["name"] if summary["top_kernels"] else None,
             }
             if lint:
                 entry["numbers"]["findings"] = _finding_counts(trace)
         variants.append(entry)
-    shape = meta["config"]["shape"]
-    flops = attention_flops(shape["batch"], shape["heads"], shape["seq"], shape["head_dim"],
-                            meta["config"]["causal"], meta["config"]["backward"])
-    peak = peak_tflops(meta["environment"].get("gpu"))
-    return {**meta, "flops_per_step": flops, "peak_tflops": peak, "variants": variants,
-            "table": table_rows(variants, flops, peak, on_gpu=meta["config"]["device"] == "cuda")}
+    config = meta["config"]
+    flops = attention_flops(config["shape"], config["causal"], config["backward"])
+    peak = peak_for(meta["environment"], config["dtype"])
+    return {**meta, "flops_per_step": flops, "peak": peak, "peak_tflops": peak["tflops"], "variants": variants,
+            "table": table_rows(variants, flops, peak, on_gpu=config["device"] == "cuda")}
 
 
 def _finding_counts(trace: Any) -> str:

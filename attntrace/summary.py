@@ -111,6 +111,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     devices = device_summary(trace)
     info = trace.step_info
     return {
+        # A CPU-only trace still carries the machine's GPU in its metadata: name it only when GPU work ran.
         "device": (trace.device_name(trace.devices[0] if trace.devices else None) or "unknown GPU")
         if trace.has_gpu else None,
         "rank": trace.meta.rank,

@@ -13,7 +13,7 @@ import orjson
 
 from attntrace.compare import analyse_run, render
 
-MEASURED = ("name", "description", "status", "reason", "rel_error", "event_ms", "trace")
+MEASURED = ("name", "description", "status", "reason", "rel_error", "event_ms", "trace", "detail", "warnings")
 
 for arg in sys.argv[1:]:
     path = Path(arg)
@@ -27,4 +27,4 @@ for arg in sys.argv[1:]:
     report["config"]["out_dir"] = "."
     path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print(path)
-    print(render(report["table"]))
+    print(render(report["table"], report["config"]["backward"]))

@@ -4,17 +4,24 @@ then capture a Kineto trace of a few steps. Everything torch-specific in attntra
 from __future__ import annotations
 
 import math
+import os
 import platform
+import re
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attntrace.capture.variants import VARIANTS, AttentionFn, Shape, Variant, unsupported_reason
+from attntrace.capture.variants import VARIANTS, Impl, Shape, Variant, keep_mask, unsupported_reason
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative L2 error allowed against the float64 reference: fp32 arithmetic lands far below 1e-3,
@@ -45,6 +52,8 @@ class VariantResult:
     rel_error: float | None = None
     event_ms: float | None = None  # per step, timed without the profiler
     trace: str | None = None
+    detail: str | None = None  # PyTorch's whole message behind a skip
+    warnings: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,6 +63,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "python": platform.python_version(),
+        # Which peak an fp32 GEMM is held to: TF32 tensor cores when PyTorch allows them, else plain FP32.
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
     }
     try:
         import triton
@@ -74,24 +85,37 @@ def environment(device: torch.device) -> dict[str, Any]:
 def _make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, backward: bool,
                  seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    dims = (shape.batch, shape.heads, shape.seq, shape.head_dim)
-    tensors = [torch.randn(dims, generator=gen).to(device=device, dtype=dtype) for _ in range(4)]
-    q, k, v, grad_out = tensors
+    q_dims = (shape.batch, shape.heads, shape.q_len, shape.head_dim)
+    kv_dims = (shape.batch, shape.n_kv_heads, shape.kv_len, shape.head_dim)
+    q, k, v, grad_out = (torch.randn(dims, generator=gen).to(device=device, dtype=dtype)
+                         for dims in (q_dims, kv_dims, kv_dims, q_dims))
+    rows = _valid_rows(shape, device)
+    if rows is not None:
+        grad_out = grad_out * rows  # padded query rows are not part of the loss
     for t in (q, k, v):
         t.requires_grad_(backward)
     return q, k, v, grad_out
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _valid_rows(shape: Shape, device: torch.device) -> torch.Tensor | None:
+    """[batch, 1, queries, 1]: which query rows hold a real token (variable length), or None for all."""
+    if shape.lengths is None:
+        return None
+    lengths = torch.tensor(shape.lengths, device=device)
+    return (torch.arange(shape.q_len, device=device)[None, :] < lengths[:, None])[:, None, :, None]
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Shape,
                causal: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Attention in float64, and the float64 leaves whose .grad the backward fills."""
     q64, k64, v64 = (t.detach().double().requires_grad_(t.requires_grad) for t in (q, k, v))
-    scores = (q64 @ k64.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    if causal:
-        seq = q.shape[-2]
-        scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1),
-                                    float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v64, (q64, k64, v64)
+    groups = shape.heads // shape.n_kv_heads
+    kx, vx = (t.repeat_interleave(groups, dim=1) for t in (k64, v64))
+    scores = (q64 @ kx.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    keep = keep_mask(shape, causal, q.device)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ vx, (q64, k64, v64)
 
 
 def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -101,12 +125,19 @@ def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got64 - want.detach()).norm() / want.detach().norm().clamp_min(1e-30))
 
 
-def check_correctness(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      grad_out: torch.Tensor, causal: bool, backward: bool) -> float:
-    """Worst relative error of the output (and of dq, dk, dv with backward) against float64."""
-    ref, leaves = _reference(q, k, v, causal)
-    out = fn(q, k, v)
-    errors = [_rel_error(out, ref)]
+def check_correctness(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                      shape: Shape, causal: bool, backward: bool) -> float:
+    """Worst relative error of the output (and of dq, dk, dv with backward) against float64, over the
+    query rows that hold real tokens."""
+    ref, leaves = _reference(q, k, v, shape, causal)
+    inputs = impl.prepare(q, k, v) if impl.prepare else (q, k, v)
+    out = impl.call(*inputs)
+    dense = impl.dense(out) if impl.dense else out
+    rows = _valid_rows(shape, q.device)
+    if rows is None:
+        errors = [_rel_error(dense, ref)]
+    else:
+        errors = [_rel_error(dense.detach().masked_fill(~rows, 0), ref.detach().masked_fill(~rows, 0))]
     if backward:
         ref.backward(grad_out.double())
         out.backward(grad_out)
@@ -116,13 +147,23 @@ def check_correctness(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torc
     return max(errors)
 
 
-def _step_fn(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+def _step_fn(impl: Impl, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor, shape: Shape,
              backward: bool) -> Callable[[], None]:
+    """One step: a forward (and backward). In decode it first writes the new tokens' K and V into the cache,
+    as a generation loop does."""
+    cache_writes = []
+    if shape.decode:
+        k, v = inputs[1], inputs[2]
+        cache_writes = [(t.narrow(2, shape.kv_len - shape.q_len, shape.q_len), t[:, :, -shape.q_len:].clone())
+                        for t in (k, v)]
+
     def step() -> None:
-        out = fn(q, k, v)
+        for slot, new in cache_writes:
+            slot.copy_(new)
+        out = impl.call(*inputs)
         if backward:
             out.backward(grad_out)
-            for t in (q, k, v):
+            for t in inputs:
                 t.grad = None
 
     return step
@@ -168,25 +209,43 @@ def profile_steps(step: Callable[[], None], steps: int, trace_path: Path, with_s
 
 
 def run_variant(variant: Variant, config: RunConfig, device: torch.device) -> VariantResult:
+    """Check, time and profile one variant. PyTorch's warnings and anything its C++ side prints while it
+    runs are kept in the result rather than printed over the table."""
+    with warnings.catch_warnings(record=True) as caught, _captured_stderr() as printed:
+        warnings.simplefilter("always")
+        result = _run_variant(variant, config, device, caught)
+    messages = [f"{w.category.__name__}: {str(w.message).strip()}" for w in caught] + printed
+    result.warnings = [f"{text} (x{n})" if n > 1 else text for text, n in Counter(messages).items()]
+    return result
+
+
+def _run_variant(variant: Variant, config: RunConfig, device: torch.device,
+                 caught: list[warnings.WarningMessage]) -> VariantResult:
     result = VariantResult(variant.name, variant.description, "skipped")
     dtype = DTYPES[config.dtype]
-    reason = unsupported_reason(variant, device, dtype, config.shape, config.backward)
+    shape = config.shape
+    reason = unsupported_reason(variant, device, dtype, shape, config.backward)
     if reason:
         result.reason = reason
         return result
-    q, k, v, grad_out = _make_inputs(config.shape, dtype, device, config.backward, seed=0)
+    q, k, v, grad_out = _make_inputs(shape, dtype, device, config.backward, seed=0)
     try:
-        fn = variant.build(config.shape, config.causal, device)
-        result.rel_error = check_correctness(fn, q, k, v, grad_out, config.causal, config.backward)
-    except (RuntimeError, NotImplementedError, ValueError) as exc:
-        # A pinned SDPA backend that refuses these inputs raises here: that is a skip, not a failure.
-        result.reason = _first_line(exc)
+        built = variant.build(shape, config.causal, device)
+        impl = built if isinstance(built, Impl) else Impl(built)
+        result.rel_error = check_correctness(impl, q, k, v, grad_out, shape, config.causal, config.backward)
+        inputs = impl.prepare(q, k, v) if impl.prepare else (q, k, v)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, AssertionError) as exc:
+        # A pinned SDPA backend that refuses these inputs raises here: that is a skip, not a failure. The
+        # table gets one phrase; run.json keeps PyTorch's whole message.
+        warned = [str(w.message) for w in caught]
+        result.reason = short_reason(exc, warned, variant.name)
+        result.detail = _full_text(exc, backend_reasons(warned, variant.name))
         return result
     if not result.rel_error <= TOLERANCE[dtype]:
         result.status = "failed"
         result.reason = f"relative error {result.rel_error:.2e} > {TOLERANCE[dtype]:.0e} against float64"
         return result
-    step = _step_fn(fn, q, k, v, grad_out, config.backward)
+    step = _step_fn(impl, inputs, grad_out, shape, config.backward)
     for _ in range(config.warmup):
         step()
     if device.type == "cuda":
@@ -199,9 +258,92 @@ def run_variant(variant: Variant, config: RunConfig, device: torch.device) -> Va
     return result
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+@contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Collect what is written to file descriptor 2 (Kineto's and cuBLAS's C++ messages) in the block."""
+    lines: list[str] = []
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to redirect
+        yield lines
+        return
+    with tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(line.rstrip() for line in sink.read().decode(errors="replace").splitlines()
+                         if line.strip())
+
+
+_BACKEND_HEADERS = {"flash": "flash attention kernel not used because",
+                    "efficient": "memory efficient kernel not used because",
+                    "cudnn": "cudnn attention kernel not used because"}
+_SHORTENERS = [
+    (re.compile(r"less than or equal to (\d+)\. Got Query\.size\(-1\): (\d+)"),
+     lambda m: f"head dim {m[2]} > {m[1]}"),
+    (re.compile(r"dtype: \{([^}]*)\}\. Got Query dtype: (\w+)"), lambda m: f"dtype {m[2]} not in {m[1]}"),
+    (re.compile(r"not support non-null attn_mask", re.I), lambda m: "no attn_mask support"),
+    (re.compile(r"(?:lower|upper)[ _]right|CausalBias", re.I), lambda m: "no lower-right causal mask"),
+    (re.compile(r"same num_heads|enable_gqa|number of heads in key/value", re.I),
+     lambda m: "no grouped-query heads"),
+    (re.compile(r"nested", re.I), lambda m: "no nested tensors"),
+]
+
+
+def _is_header(text: str) -> bool:
+    return any(text.lower().startswith(h) for h in _BACKEND_HEADERS.values())
+
+
+def backend_reasons(warned: list[str], variant: str) -> list[str]:
+    """PyTorch's reasons why the backend a variant pins refused the inputs: the warnings after that
+    backend's 'kernel not used because:' header, up to the next backend's header."""
+    backend = next((b for b in _BACKEND_HEADERS if variant.endswith(b)), None)
+    if backend is None:
+        return []
+    header = _BACKEND_HEADERS[backend]
+    start = next((i for i, w in enumerate(warned) if w.lower().startswith(header)), None)
+    if start is None:
+        return []
+    section = []
+    for text in warned[start + 1:]:
+        if _is_header(text):
+            break
+        section.append(_untriggered(text))
+    return section
+
+
+def short_reason(exc: BaseException, warned: list[str], variant: str) -> str:
+    """One phrase for the table: `flash: head dim 1000 > 256` rather than PyTorch's 'No available kernel',
+    whose real reason is in the warnings printed just before it."""
+    backend = next((b for b in _BACKEND_HEADERS if variant.endswith(b)), None)
+    section = backend_reasons(warned, variant)
+    for text in [*section, str(exc)]:
+        for pattern, phrase in _SHORTENERS:
+            found = pattern.search(text)
+            if found:
+                return f"{backend}: {phrase(found)}" if backend else phrase(found)
+    if backend is not None:
+        return f"{backend}: {_first_sentence(section[0]) if section else _first_sentence(str(exc))}"
+    return _first_sentence(str(exc)) or type(exc).__name__
+
+
+def _untriggered(text: str) -> str:
+    return re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
+
+
+def _first_sentence(text: str, limit: int = 60) -> str:
+    first = re.split(r"(?<=[a-z0-9)])\. |\n", _untriggered(text), maxsplit=1)[0].strip().rstrip(".")
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
+def _full_text(exc: BaseException, reasons: list[str]) -> str:
+    return "\n".join([f"{type(exc).__name__}: {str(exc).strip()}", *reasons])
 
 
 def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, Any], list[VariantResult]]:
@@ -219,7 +361,8 @@ def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, A
         if device.type == "cuda":
             torch.cuda.empty_cache()
     meta = {
-        "config": {**asdict(config), "out_dir": str(config.out_dir), "shape": asdict(config.shape)},
+        "config": {**asdict(config), "out_dir": str(config.out_dir), "shape": asdict(config.shape),
+                   "scenario": config.shape.scenario()},
         "environment": environment(device),
     }
     return meta, results
