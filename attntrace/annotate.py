@@ -129,8 +129,8 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{target}.tmp{os.getpid()}"
     try:
-        # mtime=0: the same input gives byte-identical output.
-        with open(tmp, "wb") as raw, (gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0)
+        # No name and mtime=0 in the gzip header: the same input gives byte-identical output.
+        with open(tmp, "wb") as raw, (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0)
                                       if compressed else raw) as out:
             for piece in pieces:
                 out.write(piece)
