@@ -1,5 +1,6 @@
 """Per-step GPU timeline by kernel class, with the findings' spans: the data behind the HTML report's
-timeline chart (plain numbers, no plotting here). Times are milliseconds from the step's start."""
+timeline chart (plain numbers, no plotting here). Times are milliseconds from the step's start on the GPU:
+its CPU start, or later when the GPU was still busy with earlier work."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def _merge(frame: pl.DataFrame, keys: list[str], gap: str) -> pl.DataFrame:
     return runs.group_by([*keys, "run"]).agg(pl.col("ts").min(), pl.col("end").max()).sort([*keys, "ts"])
 
 
+def _gpu_windows(trace: Trace, gpu: pl.DataFrame) -> pl.DataFrame:
+    """Per step: its first GPU start, its last GPU end, and when the GPU became free of earlier work
+    (kernels queued by the step before, or before profiling). A step's row starts at the later of its CPU
+    start and that moment, so that time the GPU spent on earlier steps is not drawn as idle."""
+    span = gpu.group_by("step").agg(pl.col("ts").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end"))
+    reach = (trace.gpu.select("ts", "end").sort("ts").with_columns(pl.col("end").cum_max().alias("free"))
+             .select(pl.col("ts").alias("before"), "free"))
+    if not span.height or not reach.height:
+        return span.with_columns(pl.lit(None, dtype=pl.Float64).alias("free"))
+    return span.sort("gpu_start").join_asof(reach, left_on="gpu_start", right_on="before", strategy="backward",
+                                            allow_exact_matches=False).drop("before")
+
+
 def build(trace: Trace, findings: list[dict[str, Any]]) -> dict[str, Any]:
     """{"steps": [{"step", "ms", "segments": [{"group", "start", "end"}], "flagged": [{"rule", "fingerprint",
     "start", "end"}]}], "groups": [present groups in legend order]}."""
@@ -58,11 +72,11 @@ def build(trace: Trace, findings: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = gpu.select("kind", "cls").unique()
     pairs = pairs.with_columns(pl.Series("group", [group_of(k, c) for k, c in pairs.iter_rows()], dtype=pl.String))
     gpu = gpu.join(pairs, on=["kind", "cls"], how="left", nulls_equal=True)
-    last = gpu.group_by("step").agg(pl.col("end").max().alias("gpu_end"))
-    windows = (steps.join(last, on="step", how="left")
-               .with_columns(pl.max_horizontal("end", "gpu_end").alias("stop"))
-               .with_columns(((pl.col("stop") - pl.col("ts")) * MERGE_SHARE).alias("gap"))
-               .select("step", pl.col("ts").alias("origin"), "stop", "gap"))
+    windows = (steps.join(_gpu_windows(trace, gpu), on="step", how="left")
+               .with_columns(pl.max_horizontal("end", "gpu_end").alias("stop"),
+                             pl.max_horizontal("ts", pl.min_horizontal("free", "gpu_start")).alias("origin"))
+               .with_columns(((pl.col("stop") - pl.col("origin")) * MERGE_SHARE).alias("gap"))
+               .select("step", "origin", "stop", "gap"))
     gpu = gpu.join(windows, on="step")
     segments = _merge(gpu, ["step", "group"], "gap").join(windows, on="step") if gpu.height else gpu
     busy = _merge(gpu, ["step"], "gap") if gpu.height else gpu

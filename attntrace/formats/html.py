@@ -23,8 +23,7 @@ th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 .finding{border-left:4px solid #999;padding:4px 12px;margin:10px 0;background:#fafafa}
 .sev{font-weight:bold;text-transform:uppercase;font-size:.8em}.muted{color:#777;font-size:.9em}
 code{background:#f0f0f0;padding:1px 3px;word-break:break-all}dl{margin:4px 0}dt{float:left;clear:left;width:14em;
-color:#555}dd{margin-left:14.5em}.error{color:#c62828}.charts{display:flex;flex-wrap:wrap;gap:8px}
-.charts>div{flex:1 1 360px;min-width:360px}
+color:#555}dd{margin-left:14.5em}.error{color:#c62828}
 """
 
 
@@ -79,7 +78,7 @@ def timeline_figure(timeline: dict[str, Any], title: str) -> Any:
     fig.update_layout(
         title={"text": title, "font": {"size": 14}}, barmode="overlay", height=140 + 46 * max(len(steps), 1),
         margin={"l": 70, "r": 20, "t": 40, "b": 40}, legend={"orientation": "h", "y": -0.25},
-        xaxis={"title": "ms from step start", "zeroline": False},
+        xaxis={"title": "ms from the step's start on the GPU", "zeroline": False},
         yaxis={"tickvals": list(range(len(steps))), "ticktext": [f"step {s['step']}" for s in steps],
                "autorange": "reversed"},
         template="plotly_white")
@@ -87,12 +86,21 @@ def timeline_figure(timeline: dict[str, Any], title: str) -> Any:
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    steps = max(summary.get("steps") or 0, 1)
+    per_step = summary.get("per_step") or []
+
+    def mean(key: str) -> float | None:
+        values = [s[key] for s in per_step if s.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    def shown(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    busy = mean("gpu_busy_us")
     rows = [("device", summary.get("device") or "CPU only"), ("steps", summary.get("steps")),
-            ("GPU busy per step", f"{summary.get('gpu_busy_us', 0.0) / steps / 1e3:.3f} ms"),
-            ("kernels per step", f"{summary.get('kernels', 0) / steps:.4g}"),
-            ("copies per step", f"{summary.get('memcpy', 0) / steps:.4g}"),
-            ("launches per step", f"{summary.get('launches', 0) / steps:.4g}"),
+            ("GPU busy per step", "-" if busy is None else f"{busy / 1e3:.3f} ms"),
+            ("kernels per step", shown(mean("kernels"), ".4g")),
+            ("copies per step", shown(mean("memcpy"), ".4g")),
+            ("launches per step", shown(mean("launches"), ".4g")),
             ("tensor-core share of GEMM time", summary.get("tensor_core_share_of_gemm")),
             ("attention backends", ", ".join(summary.get("attention_backends") or []) or "none found")]
     body = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc('-' if v is None else v)}</td></tr>" for k, v in rows)
@@ -171,8 +179,8 @@ def _bar(go: Any, rows: list[dict[str, Any]], key: str, title: str, axis: str, l
                            marker={"color": "#1565c0"}, hovertemplate="%{x}: %{y:.4g}<extra></extra>"))
     if peak:
         fig.add_hline(y=peak, line={"color": "#c62828", "dash": "dash"}, annotation_text=f"peak {peak:g}")
-    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=340, template="plotly_white",
-                      margin={"l": 60, "r": 20, "t": 40, "b": 90},
+    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=320, template="plotly_white",
+                      margin={"l": 60, "r": 20, "t": 50, "b": 70},
                       yaxis={"title": axis, "type": "log" if log else "linear"})
     return fig
 
@@ -220,7 +228,7 @@ def run_page(rows: list[dict[str, Any]], *, title: str, description: str = "", p
     body = [f"<h1>{_esc(title)}</h1>"]
     if description:
         body.append(f"<p>{_esc(description)}</p>")
-    body += [_run_table(rows), "<div class=\"charts\">", *comparison_charts(rows, peak_tflops), "</div>"]
+    body += [_run_table(rows), *comparison_charts(rows, peak_tflops)]
     if report is not None:
         body += trace_sections(report, timelines or {})
     return _page(title, body)
