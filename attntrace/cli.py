@@ -178,7 +178,7 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
         raise click.ClickException(str(exc)) from exc
     report = analyse_run(meta, [asdict(r) for r in results], lint=not no_lint)
     Path(out_dir, "run.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    _write_run_html(Path(out_dir), report, not no_lint)
+    page = _write_run_html(Path(out_dir), report, not no_lint)
     if fmt == "json":
         _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", None)
     else:
@@ -189,18 +189,19 @@ def run(variants: str, batch: int | None, heads: int | None, seq: int | None, he
                    f"B={shape.batch} H={shape.heads} S={shape.seq} D={head_dim} | "
                    f"{'causal' if causal else 'full'} | {'fwd+bwd' if backward else 'fwd'}")
         click.echo(render(report["table"]))
-        click.echo(f"traces, run.json and report.html in {out_dir}")
+        click.echo(f"traces, run.json{' and report.html' if page else ''} in {out_dir}")
     failed = any(r.status == "failed" for r in results)
     sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
 
 
-def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> None:
+def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path | None:
+    """DIR/report.html when the html extra is installed; the run itself does not depend on it."""
     if importlib.util.find_spec("plotly") is None:
         click.echo(f"note: no {out_dir / 'report.html'}: pip install 'attntrace[html]' for it", err=True)
-        return
+        return None
     from attntrace.formats.html import write_run_report
 
-    write_run_report(out_dir, report, lint)
+    return write_run_report(out_dir, report, lint)
 
 
 # --- lint -----------------------------------------------------------------------------------------

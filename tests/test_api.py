@@ -101,3 +101,12 @@ def test_lint_is_callable_after_the_engine_module_is_imported():
 
     assert callable(attntrace.lint) and engine.exit_code is not None
     assert isinstance(attntrace.lint(NAIVE), attntrace.Report)
+
+
+def test_html_without_the_extra_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
+    result = CliRunner().invoke(main, ["lint", NAIVE, "--format", "html"])
+    assert result.exit_code == 2 and "attntrace[html]" in result.stderr and result.stderr.count("\n") == 1
