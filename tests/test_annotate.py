@@ -140,3 +140,12 @@ def test_annotate_leaves_the_report_unchanged(tmp_path: Path):
     assert plain.exit_code == annotated.exit_code == 0
     assert plain.stdout_bytes == annotated.stdout_bytes
     assert len(list((tmp_path / "out").glob("*.json.gz"))) == 10
+
+
+def test_overlapping_findings_of_one_rule_get_their_own_lanes():
+    from attntrace.annotate import _lanes
+    from attntrace.flagged import Span
+
+    spans = [Span(0, 1, 0.0, 10.0), Span(1, 1, 5.0, 15.0), Span(2, 1, 10.0, 20.0), Span(3, 1, 16.0, 18.0)]
+    # A slice that overlaps another in part goes to a second track; one that starts after an end reuses it.
+    assert _lanes(spans) == [0, 1, 0, 1]
