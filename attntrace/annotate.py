@@ -1,13 +1,15 @@
 """`lint --annotate OUT`: a copy of the trace with the findings on its timeline, for Perfetto UI and
 chrome://tracing. The original bytes are kept as they are; the findings' events (an `attntrace` process,
 a track per rule, a slice per finding and step, flow arrows to the flagged events) are inserted at the
-start of the event list, and the file is compressed again when the input was gzip."""
+start of the event list, and the file is compressed again when the input was gzip. The copy is streamed."""
 
 from __future__ import annotations
 
 import gzip
 import os
 import re
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import polars as pl
 
 from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
-from attntrace.reader import TraceError, load_bytes
+from attntrace.reader import TraceError
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
@@ -98,25 +100,70 @@ def events(trace: Trace, findings: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def insert(document: bytes | bytearray, added: list[dict[str, Any]]) -> list[bytes | memoryview]:
-    """The document with `added` at the start of its event list, as pieces to write one after another
-    (no copy of the original bytes). Raises TraceError when the event list cannot be found."""
-    view = memoryview(document)
-    first = _NON_SPACE.search(document)
-    if first is not None and document[first.start():first.start() + 1] == b"[":
-        at = first.start() + 1  # a bare list of events (Trace Event Format allows it)
-    else:
-        key = _EVENTS_KEY.search(document)
-        if key is None:
-            raise TraceError("not-a-trace", "no traceEvents list to annotate")
-        at = key.end()
-    rest = _NON_SPACE.search(document, at)
-    empty = rest is not None and document[rest.start():rest.start() + 1] == b"]"
-    block = b",\n".join(orjson.dumps(e) for e in added)
-    return [view[:at], b"\n", block, b"\n" if empty or not added else b",\n", view[at:]]
+CHUNK_BYTES = 16 << 20
+HEAD_LIMIT = 256 << 20  # the event list must start within this much metadata
+_BOM = b"\xef\xbb\xbf"
 
 
-def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]], max_bytes: int) -> None:
+def _chunks(source: str) -> Iterator[bytes]:
+    """The file's bytes, gunzipped when gzip (members concatenated, as the reader reads them), a piece at a
+    time: the copy is streamed, so annotating costs no second copy of the trace in memory."""
+    with open(source, "rb") as fh:
+        compressed = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+        if not compressed:
+            while chunk := fh.read(CHUNK_BYTES):
+                yield chunk
+            return
+        decomp = zlib.decompressobj(wbits=47)
+        while data := fh.read(CHUNK_BYTES):
+            while data:
+                out = decomp.decompress(data, CHUNK_BYTES)
+                if out:
+                    yield out
+                data = decomp.unconsumed_tail
+                if decomp.eof and decomp.unused_data:
+                    data, decomp = decomp.unused_data, zlib.decompressobj(wbits=47)
+        if tail := decomp.flush():
+            yield tail
+
+
+def _insertion_point(head: bytes | bytearray) -> int | None:
+    """Just after the "[" that opens the event list, or None when `head` does not reach it yet."""
+    start = 3 if head.startswith(_BOM) else 0
+    first = _NON_SPACE.search(head, start)
+    if first is not None and head[first.start():first.start() + 1] == b"[":
+        return first.start() + 1  # a bare list of events (Trace Event Format allows it)
+    key = _EVENTS_KEY.search(head)
+    return key.end() if key else None
+
+
+def insert(chunks: Iterator[bytes], added: list[dict[str, Any]]) -> Iterator[bytes]:
+    """The document with `added` at the start of its event list; the original bytes pass through as they
+    are. Raises TraceError when the event list cannot be found near the start."""
+    head = bytearray()
+    at = None
+    for chunk in chunks:
+        head += chunk
+        at = _insertion_point(head)
+        # Also look past "[" for the next byte, to know whether the list is empty.
+        if at is not None and _NON_SPACE.search(head, at) is not None:
+            break
+        if len(head) > HEAD_LIMIT:
+            break
+    if at is None:
+        raise TraceError("not-a-trace", "no traceEvents list to annotate")
+    rest = _NON_SPACE.search(head, at)
+    empty = rest is not None and head[rest.start():rest.start() + 1] == b"]"
+    yield bytes(head[:at])
+    if added:
+        yield b"\n" + b",\n".join(orjson.dumps(e) for e in added) + (b"\n" if empty else b",\n")
+    yield bytes(head[at:])
+    del head
+    yield from chunks
+
+
+def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]) -> None:
     """Write `source` with the findings' events to `target`, gzip again when `source` was gzip."""
     if trace.meta.incomplete:
         raise TraceError("truncated", "cannot annotate a cut-off trace (its event list has no end)")
@@ -124,21 +171,22 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
         raise TraceError("unwritable", f"--annotate would overwrite the input {target}")
     with open(source, "rb") as fh:
         compressed = fh.read(2) == b"\x1f\x8b"
-    document, _ = load_bytes(source, max_bytes)
-    pieces = insert(document, events(trace, findings))
+    added = events(trace, findings)
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{target}.tmp{os.getpid()}"
     try:
         # No name and mtime=0 in the gzip header: the same input gives byte-identical output.
         with open(tmp, "wb") as raw, (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0)
                                       if compressed else raw) as out:
-            for piece in pieces:
+            for piece in insert(_chunks(source), added):
                 out.write(piece)
         os.replace(tmp, target)
-    except OSError as exc:
+    except (OSError, zlib.error, TraceError) as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise TraceError("unwritable", f"cannot write {target} ({exc.strerror or exc})") from exc
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError("unwritable", f"cannot write {target} ({getattr(exc, 'strerror', None) or exc})") from exc
 
 
 def targets_for(paths: list[str], out: str) -> dict[str, str]:

@@ -241,7 +241,7 @@ def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, anno
     if annotate is not None:
         from attntrace import annotate as annotator
 
-        annotator.write(path, annotate[path], trace, part.findings, options.max_bytes)
+        annotator.write(path, annotate[path], trace, part.findings)
     timeline = None
     if timelines:
         from attntrace import timeline as tl
