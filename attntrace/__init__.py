@@ -1,3 +1,34 @@
-"""attntrace: capture and lint PyTorch profiler traces of attention."""
+"""attntrace: capture and lint PyTorch profiler traces of attention.
+
+The Python API (loaded on first use, so that `import attntrace` stays light):
+
+    report = attntrace.lint("traces/", select=["AT1"], settings={"AT101.min_bytes": 1 << 20})
+    report.findings          # typed Finding objects, sorted by severity then impact
+    report.to_json()         # the JSON report of `attntrace lint --format json`
+    report.to_polars()       # one row per finding
+    attntrace.summarize("run.pt.trace.json.gz")
+    torch.profiler.profile(..., on_trace_ready=attntrace.on_trace_ready("traces/", fail_on="warning"))
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_API = {"summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
+        "Summary": "attntrace.api", "TraceResult": "attntrace.api", "TraceReadError": "attntrace.api",
+        "on_trace_ready": "attntrace.hook", "FindingsError": "attntrace.hook"}
+__all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "TraceResult", "__version__",
+           "lint", "on_trace_ready", "summarize"]
+
+
+def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    if name == "lint":
+        # attntrace.lint is also the engine module; it is callable as the API's lint (see its last lines).
+        return import_module("attntrace.lint")
+    if name in _API:
+        return getattr(import_module(_API[name]), name)
+    raise AttributeError(f"module 'attntrace' has no attribute {name!r}")

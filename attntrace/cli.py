@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from dataclasses import asdict
@@ -177,12 +178,16 @@ def run(variants: str, batch: int | None, heads: int | None, kv_heads: int | Non
 
     config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
                               with_stack)
+    from attntrace.progress import run_progress
+
     try:
-        meta, results = runner.run(config, progress=lambda line: click.echo(line, err=True))
+        with run_progress(len(config.variants)) as progress:
+            meta, results = runner.run(config, progress=progress)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
     report = analyse_run(meta, [asdict(r) for r in results], lint=not no_lint)
     Path(out_dir, "run.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    page = _write_run_html(Path(out_dir), report, not no_lint)
     if fmt == "json":
         _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", None)
     else:
@@ -191,13 +196,24 @@ def run(variants: str, batch: int | None, heads: int | None, kv_heads: int | Non
         click.echo(peak_line(report))
         click.echo(verdict(report))
         warned = sum(len(r.warnings) for r in results)
-        click.echo(f"traces and run.json in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
+        files = f"traces, run.json{' and report.html' if page else ''}"
+        click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
     if any(r.status == "failed" for r in results):
         sys.exit(EXIT_FINDINGS)
     if not any(r.status == "ok" for r in results):
         _error("every requested variant was skipped; run.json says why")
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_OK)
+
+
+def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path | None:
+    """DIR/report.html when the html extra is installed; the run itself does not depend on it."""
+    if importlib.util.find_spec("plotly") is None:
+        click.echo(f"note: no {out_dir / 'report.html'}: pip install 'attntrace[html]' for it", err=True)
+        return None
+    from attntrace.formats.html import write_run_report
+
+    return write_run_report(out_dir, report, lint)
 
 
 # --- lint -----------------------------------------------------------------------------------------
@@ -224,11 +240,17 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html"]
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github", "markdown"]), default="text",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(LINT_FORMATS), default="text", show_default=True,
+              help="html: one self-contained page with charts (needs pip install 'attntrace[html]').")
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
+@click.option("--annotate", "annotate_to", type=click.Path(), metavar="OUT",
+              help="Also write each trace with its findings on the timeline (for Perfetto UI) to OUT: a file for "
+                   "one trace, a directory with the same relative names for a directory.")
 @click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
               help="Fail only on findings not in this baseline; report known and fixed ones.")
 @click.option("--write-baseline", type=click.Path(dir_okay=False), help="Record the findings as a baseline file.")
@@ -241,20 +263,32 @@ def _split(value: str | None) -> list[str]:
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
 @read_options
-def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: str | None,
+def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
          config_path: str | None, sets: tuple[str, ...], jobs: int, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
-    from attntrace import baseline
+    from attntrace import api, baseline
     from attntrace import lint as engine
     from attntrace.catalog import load_rules
+    from attntrace.progress import file_progress
 
     settings = _settings(select, ignore, sets, fail_on, config_path)
     try:
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
         raise click.ClickException(str(exc)) from exc
-    report = engine.run(list(paths), settings, jobs, _read_options(max_size, salvage))
+    if fmt == "html":
+        from attntrace.formats.html import MISSING_EXTRA
+
+        if importlib.util.find_spec("plotly") is None:
+            raise click.ClickException(MISSING_EXTRA)
+    with file_progress(list(paths)) as progress:
+        try:
+            result = api.lint(list(paths), settings=settings, jobs=jobs, max_size=max_size, salvage=salvage,
+                              annotate=annotate_to, timelines=fmt == "html", progress=progress)
+        except ValueError as exc:  # --annotate cannot map the inputs to outputs
+            raise click.ClickException(str(exc)) from exc
+    report = result.data
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:
@@ -276,6 +310,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: st
         from attntrace.formats import markdown
 
         _emit(markdown.render(report), output)
+    elif fmt == "html":
+        _emit(result.to_html(), output)
     else:
         from attntrace.formats.text import render
 

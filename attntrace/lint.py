@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -111,3 +113,16 @@ def exit_code(report: dict[str, Any], fail_on: str) -> int:
     limit = SEVERITY_RANK[fail_on]
     counted = [f for f in report["findings"] if f.get("baseline", "new") == "new"]
     return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in counted) else 0
+
+
+class _CallableModule(types.ModuleType):
+    """`attntrace.lint(...)` is the API call; the name is also this module's, and Python binds a package
+    attribute to a submodule once it is imported, so the module itself forwards calls to the API."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from attntrace.api import lint
+
+        return lint(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, TypeVar
@@ -52,21 +53,24 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1) -> Ite
     """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time."""
     found = list(reader.discover(paths))
     todo = [item[0] for item in found if isinstance(item, tuple)]
-    if jobs > 1 and len(todo) > 1 and "-" not in todo:
-        # spawn, not fork: polars' thread pool does not survive a fork.
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-            done = dict(zip(todo, pool.map(_call, [(p, work) for p in todo]), strict=True))
-    else:
-        done = {p: guarded(p, work) for p in todo}
-    for item in found:
-        if isinstance(item, TraceError):
-            path, _, message = item.message.partition(": ")
-            yield InputError(path, item.kind, message)
-            continue
-        path, in_directory = item
-        result = done[path]
-        if in_directory and isinstance(result, InputError) and result.kind == "not-a-trace":
-            # Other JSON beside the traces (run.json, configs) is passed over, not an error.
-            yield InputError(path, SKIPPED, result.message)
+    with ExitStack() as stack:
+        if jobs > 1 and len(todo) > 1 and "-" not in todo:
+            # spawn, not fork: polars' thread pool does not survive a fork.
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                                                           mp_context=get_context("spawn")))
+            done: Iterator[T | InputError] = pool.map(_call, [(p, work) for p in todo])
         else:
-            yield result
+            done = (guarded(p, work) for p in todo)
+        # Results come in input order as each is done, so a caller can show progress.
+        for item in found:
+            if isinstance(item, TraceError):
+                path, _, message = item.message.partition(": ")
+                yield InputError(path, item.kind, message)
+                continue
+            path, in_directory = item
+            result = next(done)
+            if in_directory and isinstance(result, InputError) and result.kind == "not-a-trace":
+                # Other JSON beside the traces (run.json, configs) is passed over, not an error.
+                yield InputError(path, SKIPPED, result.message)
+            else:
+                yield result

@@ -1,0 +1,218 @@
+"""`lint --annotate OUT`: a copy of the trace with the findings on its timeline, for Perfetto UI and
+chrome://tracing. The original bytes are kept as they are; the findings' events (an `attntrace` process,
+a track per rule, a slice per finding and step, flow arrows to the flagged events) are inserted at the
+start of the event list, and the file is compressed again when the input was gzip. The copy is streamed."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from attntrace.flagged import Span, resolve
+from attntrace.model import Trace
+from attntrace.reader import TraceError
+
+PROCESS_NAME = "attntrace"
+CATEGORY = "attntrace"
+FLOW_NAME = "attntrace finding"
+FLOW_ID_BASE = 1 << 40  # above Kineto's correlation ids, so that no arrow is joined to one of the trace's own
+MAX_FLOWS_PER_SPAN = 64  # a launch-bound step flags hundreds of kernels; arrows to all would hide the timeline
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NON_SPACE = re.compile(rb"[^ \t\r\n]")
+
+
+def _free_pid(trace: Trace) -> int:
+    """A process id that no event of the trace uses (tracks of one pid are one process in Perfetto)."""
+    used: set[int] = set()
+    for frame in (trace.ops, trace.launches, trace.gpu, trace.gpu_annotations):
+        if frame.height and frame.schema["pid"] == pl.Int64:
+            used.update(v for v in frame["pid"].unique().to_list() if v is not None)
+    pid = 1_000_000_000
+    while pid in used:
+        pid += 1
+    return pid
+
+
+def _short(message: str, limit: int = 80) -> str:
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def _lanes(spans: list[Span]) -> list[int]:
+    """A lane per span so that slices on one track never overlap in part (Perfetto needs proper nesting)."""
+    ends: list[float] = []
+    lanes = []
+    for span in spans:
+        lane = next((i for i, end in enumerate(ends) if end <= span.ts), len(ends))
+        if lane == len(ends):
+            ends.append(span.end)
+        else:
+            ends[lane] = span.end
+        lanes.append(lane)
+    return lanes
+
+
+def events(trace: Trace, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Trace Event Format events to add for this trace's findings."""
+    spans = resolve(trace, findings)
+    pid = _free_pid(trace)
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": PROCESS_NAME}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}},
+    ]
+    rules = sorted({findings[s.finding]["rule"] for s in spans})
+    flow_id = FLOW_ID_BASE
+    for rank, rule in enumerate(rules):
+        on_rule = sorted((s for s in spans if findings[s.finding]["rule"] == rule), key=lambda s: (s.ts, -s.end))
+        lanes = _lanes(on_rule)
+        name = findings[on_rule[0].finding]["name"]
+        for lane in sorted(set(lanes)):
+            tid = (rank + 1) * 100 + lane
+            label = f"{rule} {name}" + (f" ({lane + 1})" if lane else "")
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        for span, lane in zip(on_rule, lanes, strict=True):
+            finding = findings[span.finding]
+            tid = (rank + 1) * 100 + lane
+            args = {"message": finding["message"], "severity": finding["severity"], "step": span.step,
+                    "where": finding["where"], "evidence": finding["evidence"], "impact": finding["impact"],
+                    "fix": finding["fix"], "fingerprint": finding["fingerprint"],
+                    "flagged_events": len(span.targets)}
+            if len(span.targets) > MAX_FLOWS_PER_SPAN:
+                args["arrows_shown"] = MAX_FLOWS_PER_SPAN
+            out.append({"ph": "X", "cat": CATEGORY, "name": f"{rule} {_short(finding['message'])}", "pid": pid,
+                        "tid": tid, "ts": span.ts, "dur": max(span.end - span.ts, 0.0), "args": args})
+            for target in span.targets[:MAX_FLOWS_PER_SPAN]:
+                flow_id += 1
+                common = {"cat": CATEGORY, "name": FLOW_NAME, "id": flow_id}
+                out.append({"ph": "s", **common, "pid": pid, "tid": tid, "ts": span.ts})
+                # bp "e" binds the arrow to the slice enclosing the point: aim at the event's middle so that
+                # float rounding of its start cannot put the point just outside it.
+                middle = (target.ts + target.end) / 2
+                out.append({"ph": "f", "bp": "e", **common, "pid": target.pid, "tid": target.tid, "ts": middle})
+    return out
+
+
+CHUNK_BYTES = 16 << 20
+HEAD_LIMIT = 256 << 20  # the event list must start within this much metadata
+_BOM = b"\xef\xbb\xbf"
+
+
+def _chunks(source: str) -> Iterator[bytes]:
+    """The file's bytes, gunzipped when gzip (members concatenated, as the reader reads them), a piece at a
+    time: the copy is streamed, so annotating costs no second copy of the trace in memory."""
+    with open(source, "rb") as fh:
+        compressed = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+        if not compressed:
+            while chunk := fh.read(CHUNK_BYTES):
+                yield chunk
+            return
+        decomp = zlib.decompressobj(wbits=47)
+        while data := fh.read(CHUNK_BYTES):
+            while data:
+                out = decomp.decompress(data, CHUNK_BYTES)
+                if out:
+                    yield out
+                data = decomp.unconsumed_tail
+                if decomp.eof and decomp.unused_data:
+                    data, decomp = decomp.unused_data, zlib.decompressobj(wbits=47)
+        if tail := decomp.flush():
+            yield tail
+
+
+def _insertion_point(head: bytes | bytearray) -> int | None:
+    """Just after the "[" that opens the event list, or None when `head` does not reach it yet."""
+    start = 3 if head.startswith(_BOM) else 0
+    first = _NON_SPACE.search(head, start)
+    if first is not None and head[first.start():first.start() + 1] == b"[":
+        return first.start() + 1  # a bare list of events (Trace Event Format allows it)
+    key = _EVENTS_KEY.search(head)
+    return key.end() if key else None
+
+
+def insert(chunks: Iterator[bytes], added: list[dict[str, Any]]) -> Iterator[bytes]:
+    """The document with `added` at the start of its event list; the original bytes pass through as they
+    are. Raises TraceError when the event list cannot be found near the start."""
+    head = bytearray()
+    at = None
+    for chunk in chunks:
+        head += chunk
+        at = _insertion_point(head)
+        # Also look past "[" for the next byte, to know whether the list is empty.
+        if at is not None and _NON_SPACE.search(head, at) is not None:
+            break
+        if len(head) > HEAD_LIMIT:
+            break
+    if at is None:
+        raise TraceError("not-a-trace", "no traceEvents list to annotate")
+    rest = _NON_SPACE.search(head, at)
+    empty = rest is not None and head[rest.start():rest.start() + 1] == b"]"
+    yield bytes(head[:at])
+    if added:
+        yield b"\n" + b",\n".join(orjson.dumps(e) for e in added) + (b"\n" if empty else b",\n")
+    yield bytes(head[at:])
+    del head
+    yield from chunks
+
+
+def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]) -> None:
+    """Write `source` with the findings' events to `target`, gzip again when `source` was gzip."""
+    if trace.meta.incomplete:
+        raise TraceError("truncated", "cannot annotate a cut-off trace (its event list has no end)")
+    if os.path.exists(target) and os.path.samefile(source, target):
+        raise TraceError("unwritable", f"--annotate would overwrite the input {target}")
+    with open(source, "rb") as fh:
+        compressed = fh.read(2) == b"\x1f\x8b"
+    added = events(trace, findings)
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{target}.tmp{os.getpid()}"
+    try:
+        # No name and mtime=0 in the gzip header: the same input gives byte-identical output.
+        with open(tmp, "wb") as raw, (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0)
+                                      if compressed else raw) as out:
+            for piece in insert(_chunks(source), added):
+                out.write(piece)
+        os.replace(tmp, target)
+    except (OSError, zlib.error, TraceError) as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError("unwritable", f"cannot write {target} ({getattr(exc, 'strerror', None) or exc})") from exc
+
+
+def targets_for(paths: list[str], out: str) -> dict[str, str]:
+    """Where each input trace's annotated copy goes. One input file: OUT is the file (or a directory to put
+    it in, when it is one). A directory: OUT is a directory with the same relative names. Several inputs:
+    OUT is a directory with each input's name under it. Raises ValueError on stdin or clashing names."""
+    from attntrace.reader import discover
+
+    if "-" in paths:
+        raise ValueError("--annotate needs trace files or directories, not stdin")
+    single_file = len(paths) == 1 and not Path(paths[0]).is_dir()
+    mapping: dict[str, str] = {}
+    for given in paths:
+        root = Path(given)
+        for item in discover([given]):
+            if not isinstance(item, tuple):
+                continue
+            path = item[0]
+            if single_file:
+                target = Path(out) / root.name if Path(out).is_dir() else Path(out)
+            elif root.is_dir():
+                rel = Path(path).relative_to(root)
+                target = Path(out) / (rel if len(paths) == 1 else Path(root.resolve().name) / rel)
+            else:
+                target = Path(out) / root.name
+            if str(target) in mapping.values():
+                raise ValueError(f"--annotate: two inputs would both be written to {target}")
+            mapping[path] = str(target)
+    return mapping

@@ -1,0 +1,324 @@
+"""The Python API behind `import attntrace`: lint and summarise traces from a notebook or a script. The
+CLI is a thin layer over it; the report it returns is the JSON report model (schema_version 1) with typed
+views on top."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from attntrace.config import Settings
+
+SEVERITIES = ("error", "warning", "info")
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding of the report. `extra` holds fields that later versions add (device, rank, baseline...)."""
+
+    rule: str
+    name: str
+    severity: str
+    trace: str
+    message: str
+    where: dict[str, Any]
+    evidence: dict[str, Any]
+    impact: dict[str, Any]
+    fix: str
+    fingerprint: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    FIELDS = ("rule", "name", "severity", "trace", "message", "where", "evidence", "impact", "fix", "fingerprint")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(**{k: data[k] for k in cls.FIELDS}, extra={k: v for k, v in data.items() if k not in cls.FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self.FIELDS}, **self.extra}
+
+    @property
+    def gpu_us_per_step(self) -> float:
+        return float(self.impact.get("gpu_us_per_step") or 0.0)
+
+    @property
+    def share_of_step(self) -> float:
+        return float(self.impact.get("share_of_step") or 0.0)
+
+    @property
+    def op_chain(self) -> str | None:
+        return self.where.get("op_chain")
+
+    @property
+    def kernel(self) -> str | None:
+        return self.where.get("kernel")
+
+    @property
+    def steps(self) -> list[int]:
+        return list(self.where.get("steps") or [])
+
+    @property
+    def source(self) -> str | None:
+        """file:line of the user's code that caused it, when the trace has Python stacks."""
+        src = self.where.get("source")
+        return f"{src['file']}:{src['line']}" if src else None
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """One input of the report: what was read, or why it could not be."""
+
+    path: str
+    device: str | None
+    steps: int
+    events: int
+    summary: dict[str, Any] | None
+    error: dict[str, Any] | None
+    incomplete: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Report:
+    """The result of `attntrace.lint`: `traces`, `findings` (typed, sorted by severity then impact),
+    `skipped` rules, and the same JSON as `attntrace lint --format json` from `to_json()`."""
+
+    def __init__(self, data: dict[str, Any], timelines: dict[str, dict[str, Any]] | None = None) -> None:
+        self.data = data
+        self.timelines = timelines or {}
+
+    @property
+    def traces(self) -> list[TraceResult]:
+        return [TraceResult(t["path"], t["device"], t["steps"], t["events"], t["summary"], t["error"],
+                            bool(t.get("incomplete"))) for t in self.data["traces"]]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [Finding.from_dict(f) for f in self.data["findings"]]
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return list(self.data["skipped"])
+
+    @property
+    def errors(self) -> list[TraceResult]:
+        return [t for t in self.traces if not t.ok]
+
+    def at_or_above(self, severity: str) -> list[Finding]:
+        """Findings at or above a severity ("never" gives none); against a baseline, only new ones."""
+        if severity == "never":
+            return []
+        limit = SEVERITIES.index(severity)
+        return [f for f in self.findings if SEVERITIES.index(f.severity) <= limit
+                and f.extra.get("baseline", "new") == "new"]
+
+    def exit_code(self, fail_on: str = "warning") -> int:
+        """The CLI's exit code: 2 for an unreadable input, 1 for findings at or above fail_on, else 0."""
+        from attntrace.lint import exit_code
+
+        return exit_code(self.data, fail_on)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def to_json(self) -> str:
+        """The JSON report, byte for byte what `attntrace lint --format json` writes."""
+        return (orjson.dumps(self.data, option=orjson.OPT_INDENT_2) + b"\n").decode()
+
+    def to_polars(self) -> Any:
+        """One row per finding: rule, name, severity, trace, message, op_chain, kernel, steps, source,
+        gpu_us_per_step, share_of_step, fix, fingerprint, and evidence as JSON text."""
+        import polars as pl
+
+        schema = {"rule": pl.String, "name": pl.String, "severity": pl.String, "trace": pl.String,
+                  "message": pl.String, "op_chain": pl.String, "kernel": pl.String, "steps": pl.List(pl.Int64),
+                  "source": pl.String, "gpu_us_per_step": pl.Float64, "share_of_step": pl.Float64,
+                  "fix": pl.String, "fingerprint": pl.String, "evidence": pl.String}
+        rows = [{"rule": f.rule, "name": f.name, "severity": f.severity, "trace": f.trace, "message": f.message,
+                 "op_chain": f.op_chain, "kernel": f.kernel, "steps": f.steps, "source": f.source,
+                 "gpu_us_per_step": f.gpu_us_per_step, "share_of_step": f.share_of_step, "fix": f.fix,
+                 "fingerprint": f.fingerprint,
+                 "evidence": orjson.dumps(f.evidence, option=orjson.OPT_SORT_KEYS).decode()}
+                for f in self.findings]
+        return pl.DataFrame(rows, schema=schema)
+
+    def to_html(self, title: str = "attntrace lint") -> str:
+        """The page of `attntrace lint --format html` (needs the html extra: plotly)."""
+        from attntrace.formats import html
+
+        return html.lint_page(self.data, self.timelines, title)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def __repr__(self) -> str:
+        counts = self.data["summary"]["findings"]
+        return (f"<Report {self.data['summary']['traces']} trace(s), {self.data['summary']['errors']} unreadable, "
+                f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info>")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """`attntrace summary` of one trace: the headline numbers typed, everything in `data`."""
+
+    path: str
+    device: str | None
+    steps: int
+    gpu_busy_us: float
+    kernels: int
+    memcpy: int
+    launches: int
+    attention_backends: list[str]
+    data: dict[str, Any]
+
+    def to_polars(self) -> Any:
+        """One row per step (step, cpu_us, gpu_busy_us, kernels, memcpy, memset, kernel_us, launches,
+        launch_cpu_us)."""
+        import polars as pl
+
+        return pl.DataFrame(self.data.get("per_step") or [])
+
+
+class TraceReadError(ValueError):
+    """A trace that cannot be read; the message is one line naming the file."""
+
+
+def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iterable[str] | None = None,
+                   settings: Settings | Mapping[str, Any] | None = None, fail_on: str | None = None,
+                   config: PathLike | None = None) -> Settings:
+    """Settings from the arguments, then `config` (a TOML file or pyproject.toml), then rule defaults.
+    `settings` maps "RULE.param" or "RULE" -> {param: value}, e.g. {"AT101.min_bytes": 1 << 20}."""
+    from attntrace import config as cfg
+    from attntrace.catalog import load_rules
+
+    if isinstance(settings, Settings):
+        return settings
+    file_config = cfg.read_config_file(Path(config)) if config else {}
+    overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (file_config.get("rules") or {}).items()}
+    for key, value in (settings or {}).items():
+        rule, dot, param = key.partition(".")
+        if dot:
+            overrides.setdefault(rule, {})[param] = value
+        elif isinstance(value, Mapping):
+            overrides.setdefault(rule, {}).update(value)
+        else:
+            raise cfg.ConfigError(f"settings: {key!r} must be RULE.param or map a rule to its parameters")
+    return cfg.build(load_rules(), {**file_config, "rules": overrides}, str(config or "settings"),
+                     _tokens(select), _tokens(ignore), [], fail_on)
+
+
+def _tokens(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    return [v.strip() for v in items if v.strip()]
+
+
+@dataclass
+class _Linted:
+    """What one worker returns for one trace: its report part and, when asked, its timeline."""
+
+    report: Any  # lint.TraceReport
+    timeline: dict[str, Any] | None
+
+
+def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, annotate: dict[str, str] | None
+              ) -> _Linted:
+    from attntrace.lint import lint_trace
+    from attntrace.loading import load
+
+    trace = load(path, options)
+    part = lint_trace(trace, settings)
+    if annotate is not None:
+        from attntrace import annotate as annotator
+
+        annotator.write(path, annotate[path], trace, part.findings)
+    timeline = None
+    if timelines:
+        from attntrace import timeline as tl
+
+        timeline = tl.build(trace, part.findings)
+    return _Linted(part, timeline)
+
+
+def _paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
+    if isinstance(paths, str | os.PathLike):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
+
+
+def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | None = None,
+         ignore: str | Iterable[str] | None = None, settings: Settings | Mapping[str, Any] | None = None, *,
+         fail_on: str | None = None, config: PathLike | None = None, jobs: int = 1, max_size: int | None = None,
+         salvage: bool = False, annotate: PathLike | None = None, timelines: bool = True,
+         progress: Callable[[str, int], None] | None = None) -> Report:
+    """Lint trace files or directories and return the report.
+
+    select/ignore: rule ids, names or prefixes ("AT1", "hidden-copy"), as a list or comma-separated.
+    settings: rule parameters, {"AT101.min_bytes": 1 << 20} or {"AT101": {"min_bytes": 1 << 20}}.
+    config: a TOML file of settings ([tool.attntrace] in a pyproject.toml); none is read unless given.
+    annotate: write each trace with its findings on the timeline there (see `attntrace lint --annotate`).
+    timelines: keep each trace's per-step GPU timeline for the HTML report (cheap next to reading).
+    progress: called with (path, bytes) as each input is done.
+    Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
+    from attntrace import lint as engine
+    from attntrace.loading import InputError, map_inputs
+    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions
+
+    chosen = build_settings(select, ignore, settings, fail_on, config)
+    names = _paths(paths)
+    targets = None
+    if annotate is not None:
+        from attntrace.annotate import targets_for
+
+        targets = targets_for(names, os.fspath(annotate))
+    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+    work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
+    parts: list[Any] = []
+    views: dict[str, dict[str, Any]] = {}
+    for result in map_inputs(names, work, jobs):
+        if isinstance(result, _Linted):
+            parts.append(result.report)
+            if result.timeline is not None:
+                views[result.report.path] = result.timeline
+        else:
+            parts.append(result)
+        if progress is not None:
+            path = result.report.path if isinstance(result, _Linted) else result.path
+            progress(path, _size(path) if not isinstance(result, InputError) else 0)
+    return Report(engine.assemble(parts), views)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = False) -> Summary:
+    """`attntrace summary` of one trace. Raises TraceReadError (one line, naming the file) when it cannot
+    be read."""
+    from attntrace.loading import load
+    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.summary import summarize as numbers
+
+    name = os.fspath(path)
+    try:
+        data = {"path": name, **numbers(load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)))}
+    except TraceError as exc:
+        raise TraceReadError(f"{name}: {exc.message}") from None
+    except OSError as exc:
+        raise TraceReadError(f"{name}: {exc.strerror or exc}") from None
+    return Summary(name, data.get("device"), int(data.get("steps") or 0), float(data.get("gpu_busy_us") or 0.0),
+                   int(data.get("kernels") or 0), int(data.get("memcpy") or 0), int(data.get("launches") or 0),
+                   list(data.get("attention_backends") or []), data)
