@@ -320,6 +320,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     sys.exit(engine.exit_code(report, settings.fail_on))
 
 
+RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends",
+               "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost"}
+
+
 @main.command()
 def rules() -> None:
     """List the rule catalogue."""
@@ -331,7 +335,12 @@ def rules() -> None:
         catalogue = load_rules()
     except RuleFileError as exc:
         raise click.ClickException(str(exc)) from exc
-    rows = [[r.id, r.name, r.severity, r.summary] for r in catalogue.values()]
+    rows: list[list[str]] = []
+    for r in catalogue.values():
+        group = r.id[:3] + "xx"
+        if group not in (row[0] for row in rows):
+            rows.append([group, RULE_GROUPS.get(group, ""), "", ""])
+        rows.append([r.id, r.name, r.severity, r.summary])
     click.echo(tabulate(rows, headers=["id", "name", "severity", "detects"], tablefmt="simple"))
 
 

@@ -61,7 +61,30 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
                 reason = str(skip)
         if reason:
             report.skipped.append({"trace": trace.path, "rule": rule_id, "reason": reason})
+    mark_subsumed(report.findings)
+    # Each GPU microsecond counted once: what fixing every finding that no other fix includes would save.
+    info["impact_gpu_us_per_step"] = round(sum(f["impact"]["gpu_us_per_step"] for f in report.findings
+                                               if "subsumed_by" not in f), 3)
     return report
+
+
+def mark_subsumed(findings: list[dict[str, Any]]) -> None:
+    """A finding whose fix another finding's fix includes says so (`subsumed_by`): leaving the SDPA math
+    backend (AT202) removes its FP32 GEMMs (AT201) and its per-call mask (AT301); fusing an unfused attention
+    chain (AT102) removes the copies its ops make (AT101); tensor cores for an FP32 GEMM (AT201) make its
+    occupancy (AT401) moot."""
+    rules = {f["rule"] for f in findings}
+    fused_chains = [f["where"]["op_chain"].split(" > ") for f in findings if f["rule"] == "AT102"]
+    for f in findings:
+        if "AT202" in rules and (
+                (f["rule"] == "AT201" and str(f["evidence"].get("cause", "")).startswith("sdpa-math-upcast"))
+                or (f["rule"] == "AT301" and f["evidence"].get("sdpa_math_backend"))):
+            f["subsumed_by"] = "AT202"
+        elif f["rule"] == "AT101" and any(op in chain for chain in fused_chains
+                                          for op in f["where"]["op_chain"].split(" > ")[:1]):
+            f["subsumed_by"] = "AT102"
+        elif f["rule"] == "AT401" and f["evidence"].get("kernel_class") == "gemm_fp32_simt" and "AT201" in rules:
+            f["subsumed_by"] = "AT201"
 
 
 def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:

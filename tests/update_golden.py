@@ -23,7 +23,9 @@ def current() -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {t: [] for t in traces}
     for f in report["findings"]:
         out[f["trace"]].append({"rule": f["rule"], "severity": f["severity"], "op_chain": f["where"]["op_chain"],
-                                "kernel": f["where"]["kernel"], "fingerprint": f["fingerprint"],
+                                "kernel": f["where"]["kernel"], "steps": f["where"]["steps"],
+                                "device": f["where"].get("device"), "fingerprint": f["fingerprint"],
+                                "subsumed_by": f.get("subsumed_by"),
                                 "gpu_us_per_step": f["impact"]["gpu_us_per_step"]})
     return out
 

@@ -1,37 +1,30 @@
-"""Detection logic, one module per rule; each `check(ctx)` returns findings or raises Skip."""
+"""Detection logic, one module per rule (`atNNN_<rule_name>.py`, with `check(ctx)` returning findings or raising
+Skip). The registry is found, not written: every module named for a rule is that rule's check, and a test
+holds it to the rule files in rules/."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
 
-from attntrace.checks import (
-    at101_hidden_copy,
-    at102_materialized_scores,
-    at201_fp32_gemm,
-    at202_sdpa_math_fallback,
-    at203_fp32_attention,
-    at301_mask_rebuilt,
-    at302_host_sync,
-    at401_low_occupancy,
-    at402_gpu_idle,
-    at501_launch_overhead,
-)
 from attntrace.checks.base import Context, Skip
 
 Check = Callable[[Context], list[dict[str, Any]]]
+MODULE = re.compile(r"^at(\d{3})_[a-z0-9_]+$")
 
-CHECKS: dict[str, Check] = {
-    "AT101": at101_hidden_copy.check,
-    "AT102": at102_materialized_scores.check,
-    "AT201": at201_fp32_gemm.check,
-    "AT202": at202_sdpa_math_fallback.check,
-    "AT203": at203_fp32_attention.check,
-    "AT301": at301_mask_rebuilt.check,
-    "AT302": at302_host_sync.check,
-    "AT401": at401_low_occupancy.check,
-    "AT402": at402_gpu_idle.check,
-    "AT501": at501_launch_overhead.check,
-}
+
+def _discover() -> dict[str, Check]:
+    found: dict[str, Check] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        match = MODULE.match(info.name)
+        if match:
+            found[f"AT{match.group(1)}"] = importlib.import_module(f"{__name__}.{info.name}").check
+    return found
+
+
+CHECKS: dict[str, Check] = _discover()
 
 __all__ = ["CHECKS", "Context", "Skip"]

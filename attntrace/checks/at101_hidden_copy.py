@@ -35,7 +35,7 @@ OWN_OUTPUT_OPS = {"aten::pad", "aten::constant_pad_nd", "aten::reflection_pad1d"
                   "aten::replication_pad1d", "aten::replication_pad2d", "aten::cat", "aten::stack"}
 COLLECTIVE = re.compile(r"nccl|rccl|c10d::|all_reduce|allreduce|all_gather|reduce_scatter|record_param_comms|"
                         r"broadcast_coalesced|_broadcast|alltoall|vllm::all_reduce")
-DDP = re.compile(r"copy_bucket_to_grad|DistributedDataParallel|Reducer::|c10d::|mark_variable_ready")
+DDP = re.compile(r"copy_bucket_to_grad|DistributedDataParallel|[Rr]educer::|mark_variable_ready")
 GENERIC_FIX = ("Find the op that copies (the op chain names it) and give it an input it can use as is: the "
                "in-place variant, a contiguous layout produced once outside the loop, or a fused op.")
 

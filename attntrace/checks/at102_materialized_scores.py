@@ -33,34 +33,67 @@ def _numel(shape: list[int]) -> int:
     return out
 
 
-def _chain_around(ctx: Context, softmax: int, side: int) -> list[int] | None:
-    """The sibling ops from the matmul that makes the S x S scores to the matmul that consumes them."""
-    siblings = ctx.trace.op_children.get(ctx.trace.op_parent[softmax], [])
-    at = siblings.index(softmax)
+TRIANGLE = {"aten::tril", "aten::triu", "aten::tril_", "aten::triu_"}
+FUSED_MAX_HEAD_DIM = 256  # flash and cuDNN SDPA stop here; memory-efficient may then be slower than the chain
+LOOK_BACK, LOOK_AHEAD = 12, 8  # ops between the score matmul and softmax (scale, bias, masks), and after
+
+
+def _operands(ctx: Context, op: int) -> list[Any]:
+    """The two matrices of a matmul-like op (baddbmm's come after its bias)."""
+    dims, _ = _dims(ctx, op)
+    return dims[1:3] if ctx.trace.op_names[op] == "aten::baddbmm" else dims[:2]
+
+
+def _thread_sequence(ctx: Context) -> tuple[list[int], dict[int, int]]:
+    """The ops the user's code called, per thread in call order: those under nothing but annotations
+    (record_function, module and step markers). An attention written across helper functions is one run."""
+    parent = ctx.trace.op_parent
+    cats = ctx.trace.ops["cat"].to_list()
+
+    def internal(op: int) -> bool:
+        up = parent[op]
+        while up is not None:
+            if cats[up] != "user_annotation":
+                return True
+            up = parent[up]
+        return False
+
+    order = ctx.trace.ops.sort(["pid", "tid", "ts"]).select("idx")["idx"].to_list()
+    sequence = [op for op in order if cats[op] != "user_annotation" and not internal(op)]
+    return sequence, {op: i for i, op in enumerate(sequence)}
+
+
+def _chain_around(ctx: Context, softmax: int, side: int, sequence: list[int], position: dict[int, int]
+                  ) -> list[int] | None:
+    """The ops from the matmul that makes the S x S scores to the matmul that consumes them."""
     names = ctx.trace.op_names
+    at = position.get(softmax)
+    if at is None:
+        return None
     start = end = None
-    for i in range(at - 1, max(-1, at - 8), -1):  # scale and mask take a few ops at most
-        op = siblings[i]
-        dims, _ = _dims(ctx, op)
-        if names[op] in MATMUL and len(dims) >= 2 and isinstance(dims[0], list) and isinstance(dims[1], list) \
-                and dims[0][-2:-1] == [side] and dims[1][-1:] == [side]:
+    for i in range(at - 1, max(-1, at - LOOK_BACK), -1):
+        op = sequence[i]
+        pair = _operands(ctx, op) if names[op] in MATMUL else []
+        if len(pair) == 2 and isinstance(pair[0], list) and isinstance(pair[1], list) \
+                and pair[0][-2:-1] == [side] and pair[1][-1:] == [side]:
             start = i
             break
-    for i in range(at + 1, min(len(siblings), at + 6)):
-        op = siblings[i]
-        dims, _ = _dims(ctx, op)
-        if names[op] in MATMUL and dims and _square(dims[0], side):
+    for i in range(at + 1, min(len(sequence), at + LOOK_AHEAD)):
+        op = sequence[i]
+        pair = _operands(ctx, op) if names[op] in MATMUL else []
+        if pair and _square(pair[0], side):
             end = i
             break
     if start is None or end is None:
         return None
-    return siblings[start:end + 1]
+    return sequence[start:end + 1]
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
     names = ctx.trace.op_names
     candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(SOFTMAX)))
     groups: dict[str, list[tuple[int, int, list[int], int, int]]] = defaultdict(list)
+    sequence, position = _thread_sequence(ctx) if candidates.height else ([], {})
     for op, step in candidates.select("idx", "step").iter_rows():
         ancestors = [names[a] for a in ctx.trace.op_ancestors(op)]
         if any(SDPA in a or "autograd::engine" in a for a in ancestors):
@@ -69,7 +102,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         side = _square(dims[0]) if dims else None
         if side is None or side < ctx.params["min_seq"]:
             continue
-        chain = _chain_around(ctx, op, side)
+        chain = _chain_around(ctx, op, side, sequence, position)
         if chain is None:
             continue
         score_bytes = _numel(dims[0]) * ITEM_SIZE.get(types[0] if types else "", 2)
@@ -90,18 +123,46 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         moved = passes * score_bytes * per_step
         us_per_step = gpu_us / ctx.step_count
         side = hits[0][3]
+        first = _operands(ctx, hits[0][2][0])
+        head_dim = first[0][-1] if first and isinstance(first[0], list) and first[0] else None
+        too_wide = isinstance(head_dim, int) and head_dim > FUSED_MAX_HEAD_DIM
+        causal = _causal_mask_shown(ctx, hits[0][2], sequence, position)
         findings.append(ctx.finding(
             op=hits[0][0],
             key=pattern,
             message=(f"unfused attention materialises a {side}x{side} score tensor ({fmt_bytes(score_bytes)}) "
                      f"{ctx.per_step(len(hits), 'time')} via {pattern}: about {fmt_bytes(moved)} of memory traffic "
                      "per step "
-                     f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"),
+                     f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"
+                     + (f"; head dim {head_dim} is above what flash and cuDNN take ({FUSED_MAX_HEAD_DIM}), so a "
+                        "fused kernel may not be faster here: measure before switching" if too_wide else "")),
             where={"op_chain": pattern, "kernel": None, "steps": sorted({s for _, s, _, _, _ in hits})},
             evidence={"seq_len": side, "score_shape": _dims(ctx, hits[0][0])[0][0], "score_bytes": score_bytes,
                       "calls_per_step": per_step, "memory_passes": passes, "bytes_per_step": moved,
-                      "memory_saved_bytes_per_call": 2 * score_bytes, "gpu_us_per_step": us_per_step},
-            gpu_us_per_step=us_per_step,
-            fix=ctx.rule.docs["fix"],
+                      "memory_saved_bytes_per_call": 2 * score_bytes, "gpu_us_per_step": us_per_step,
+                      "head_dim": head_dim, "causal_mask_in_trace": causal},
+            gpu_us_per_step=0.0 if too_wide else us_per_step,
+            fix=_fix(causal, too_wide),
         ))
     return findings
+
+
+def _causal_mask_shown(ctx: Context, chain: list[int], sequence: list[int], position: dict[int, int]) -> bool:
+    """The trace shows the mask is causal: a tril/triu builds it in the same run of ops."""
+    names = ctx.trace.op_names
+    at = position[chain[0]]
+    near = sequence[max(0, at - LOOK_BACK):position[chain[-1]] + 1]
+    return any(names[o] in TRIANGLE for o in near) or any(
+        names[a] in TRIANGLE for o in chain for a in ctx.trace.op_children.get(o, []))
+
+
+def _fix(causal: bool, too_wide: bool) -> str:
+    """is_causal=True only when the trace shows the mask is causal; attn_mask= otherwise."""
+    call = ("`F.scaled_dot_product_attention(q, k, v, is_causal=True)`" if causal else
+            "`F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` (`is_causal=True` instead if the mask is "
+            "causal)")
+    if too_wide:
+        return (f"At this head dim only SDPA's memory-efficient kernel (or FlexAttention) fuses the chain, and it "
+                f"can be slower than the unfused chain: time {call} against the current code before switching.")
+    return (f"Replace the chain with {call}, or with FlexAttention (`flex_attention` with a `score_mod`/"
+            "`block_mask`) for custom masking.")

@@ -18,16 +18,29 @@ FIXES = {
                    "`torch.backends.cuda.matmul.allow_tf32 = True`), or run the model under "
                    "`torch.autocast('cuda', dtype=torch.bfloat16)`.",
 }
+FIXES["sdpa-math-upcast-backward"] = FIXES["sdpa-math-upcast"]
+FIXES["fp32-convolution"] = ("Run the convolutions in bf16/fp16 under `torch.autocast('cuda', dtype=torch.bfloat16)` "
+                             "with `channels_last` memory format, and keep `torch.backends.cudnn.allow_tf32 = True` "
+                             "(PyTorch's default) so that cuDNN may pick TF32 tensor-core algorithms.")
 FIXES["unknown"] = FIXES["fp32-inputs"]
+CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convolution", "aten::conv2d",
+               "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
 # Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
 PRE_AMPERE_FIX = ("This GPU has no TF32 (compute capability < 8.0): its tensor cores run fp16. Use mixed "
                   "precision, `torch.autocast('cuda', dtype=torch.float16)` with a `torch.cuda.amp.GradScaler` "
                   "for training.")
 
 
-def _cause(ctx: Context, op: int | None) -> tuple[str, str]:
+def _cause(ctx: Context, op: int | None, math_dtype: str | None) -> tuple[str, str]:
     ancestors = ctx.trace.op_ancestors(op)
     names = ctx.trace.op_names
+    chain = [names[i] for i in ancestors]
+    if any(name in CONVOLUTION for name in chain):
+        return "fp32-convolution", "an fp32 cuDNN convolution on CUDA cores (an implicit SGEMM)"
+    if math_dtype and any("Backward" in name for name in chain) and not any(n == SDPA_MATH for n in chain):
+        # Autograd replays the math backend's fp32 bmm/matmul in backward: the upcast, not the user's fp32.
+        return ("sdpa-math-upcast-backward", f"the backward of the SDPA math backend, which upcast {math_dtype} "
+                "q/k/v to fp32 in forward")
     for idx in ancestors:
         if names[idx] == SDPA_MATH:
             types = set(ctx.op_types(idx))
@@ -47,11 +60,22 @@ def _pre_ampere(ctx: Context, device: int | None) -> bool:
     return isinstance(major, int) and major < 8
 
 
+def _math_upcast_dtype(ctx: Context) -> str | None:
+    """bf16/fp16 when the trace ran the SDPA math backend on such inputs (it computes in fp32)."""
+    maths = ctx.trace.ops.filter(pl.col("name") == SDPA_MATH)["idx"].to_list()
+    for op in maths[:50]:
+        low = sorted(set(ctx.op_types(op)) & LOW_PRECISION)
+        if low:
+            return low[0].removeprefix("c10::")
+    return None
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
     gemms = ctx.gpu.filter(pl.col("cls") == "gemm_fp32_simt")
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    math_dtype = _math_upcast_dtype(ctx) if gemms.height else None
     for row in gemms.iter_rows(named=True):
-        cause, why = _cause(ctx, row["op"])
+        cause, why = _cause(ctx, row["op"], math_dtype)
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
         groups.setdefault((cause, why, chain), []).append(row)
     findings = []
@@ -72,6 +96,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
                       "assumed_tensor_core_speedup": ctx.params["expected_speedup"]},
             gpu_us_per_step=saved,
+            device=rows[0]["device"],
             fix=PRE_AMPERE_FIX if _pre_ampere(ctx, rows[0]["device"]) else FIXES[cause],
         ))
     return findings

@@ -31,6 +31,9 @@ def _reason(ctx: Context, sdpa_op: int | None, device: dict[str, Any]) -> tuple[
         return "mask-and-causal", "an explicit attn_mask together with is_causal=True: the fused kernels take one"
     if types[0] not in HALF and types[0] != "float":
         return "dtype", f"{dtype} inputs, which the fused kernels do not take"
+    if isinstance(head_dim, int) and head_dim % 8:
+        return "head-dim", (f"head dim {head_dim} is not a multiple of 8, which the fused kernels need: pad the "
+                            "head dim to a multiple of 8")
     major = device.get("computeMajor")
     old_gpu = isinstance(major, int) and major < 8
     if types[0] == "float":
@@ -42,18 +45,23 @@ def _reason(ctx: Context, sdpa_op: int | None, device: dict[str, Any]) -> tuple[
     else:
         eligible = "flash, memory-efficient and cuDNN"
     what = f"{dtype}, head dim {head_dim}, {'with' if has_mask else 'no'} mask"
-    return "pinned", (f"a fused kernel could take these inputs ({what}): {eligible}; so the math backend was "
-                      "pinned (sdpa_kernel(SDPBackend.MATH)) or the fused backends are disabled")
+    # The trace cannot show why a backend declined: name what it shows and list what else can cause it.
+    return "not-shown", (f"the trace shows nothing a fused kernel would refuse ({what}; {eligible} could take "
+                         "it). Possible causes: the math backend pinned (sdpa_kernel(SDPBackend.MATH)) or the "
+                         "fused backends disabled; dropout, grouped-query heads or a mask layout this PyTorch "
+                         "version's fused kernels do not support; deterministic algorithms on; ROCm limits; "
+                         "an older GPU. PyTorch's warning at the first call names the reason")
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
     names = ctx.trace.op_names
     maths = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & (pl.col("name") == MATH))
     groups: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
-    device = ctx.trace.meta.device(None)
     for op, step in maths.select("idx", "step").iter_rows():
         parent = ctx.trace.op_parent[op]
         sdpa_op = parent if parent is not None and names[parent] == SDPA else None
+        ran_on = ctx.gpu_under({op})["device"].drop_nulls()
+        device = ctx.trace.meta.device(int(ran_on[0]) if ran_on.len() else None)
         reason, sentence = _reason(ctx, sdpa_op if sdpa_op is not None else op, device)
         chain = " > ".join(ctx.trace.op_chain(op))
         groups.setdefault((reason, sentence, chain), []).append((op, step))

@@ -25,18 +25,24 @@ def _square_side(ctx: Context, op: int) -> int | None:
 def check(ctx: Context) -> list[dict[str, Any]]:
     ops = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(TRIANGLE_OPS)))
     parent = ctx.trace.op_parent
+    cats = ctx.trace.ops["cat"].to_list()
     groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # caller chain -> (op, step, side)
     for op, step in ops.select("idx", "step").iter_rows():
         side = _square_side(ctx, op)
         if side is None or side < ctx.params["min_seq"]:
             continue
-        groups[" > ".join(ctx.trace.op_chain(parent[op])) or "(top level)"].append((op, step, side))
+        # The same construction under different labels (record_function names) is one construction.
+        callers = [ctx.trace.op_names[i] for i in ctx.trace.op_ancestors(parent[op]) if cats[i] != "user_annotation"]
+        groups[" > ".join(callers) or "(top level)"].append((op, step, side))
 
     findings = []
     names = ctx.trace.op_names
     for caller, hits in sorted(groups.items()):
         steps_hit = sorted({s for _, s, _ in hits})
-        rebuilt = len(steps_hit) == ctx.step_count if ctx.trace.has_step_markers else len(hits) > 1
+        sdpa_math = "_scaled_dot_product_attention_math" in caller
+        # Without steps, a mask built once per call is still rebuilt: by the SDPA math backend on every call,
+        # or by user code that the trace shows calling it more than once.
+        rebuilt = (len(steps_hit) == ctx.step_count if ctx.trace.has_step_markers else sdpa_math or len(hits) > 1)
         if not rebuilt:
             continue
         # The whole construction: the triangle op and its mask-building siblings under the same caller.
@@ -50,9 +56,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=hits[0][0],
             key=caller,
-            message=(f"a {side}x{side} causal mask is rebuilt {len(hits) / ctx.step_count:g}x per step under "
-                     f"{caller} ({', '.join(built)}; {kernels / ctx.step_count:g} kernels, {fmt_us(us_per_step)} "
-                     f"GPU per step)"),
+            message=(f"a {side}x{side} causal mask is built {ctx.per_step(len(hits), 'time')} under {caller} "
+                     f"({', '.join(built)}; {ctx.per_step(kernels, 'kernel')}, {fmt_us(us_per_step)} GPU per "
+                     f"{'step' if ctx.trace.has_step_markers else 'trace'})"),
             where={"op_chain": f"{caller} > {names[hits[0][0]]}", "kernel": None, "steps": steps_hit},
             evidence={"mask_shape": [side, side], "builds_per_step": len(hits) / ctx.step_count,
                       "ops": built, "kernels_per_step": kernels / ctx.step_count, "gpu_us_per_step": us_per_step,

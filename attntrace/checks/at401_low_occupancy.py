@@ -62,7 +62,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue
         tiny_grid = k["blocks_per_sm"] is not None and k["blocks_per_sm"] < 1
         limiter = computed.limited_by if computed else None
-        if tiny_grid:
+        if k["cls"] == "gemm_fp32_simt":
+            reason = ("an FP32 GEMM on CUDA cores (AT201): moving it to tensor cores is the fix, not its "
+                      "occupancy")
+        elif tiny_grid:
             reason = (f"its grid ({k['grid_blocks']} blocks) is smaller than the number of SMs, so most SMs "
                       "sit idle: give the launch more parallelism")
         else:

@@ -2,64 +2,120 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import polars as pl
 
 from attntrace.checks.base import Context, Skip, fmt_us
+from attntrace.model.intervals import merged_runs
 
 TOP_GAPS = 3
+# CPU ops that block the host until other ranks arrive: an idle gap under one is waiting on communication.
+BLOCKING_COLLECTIVE = re.compile(r"c10d::|nccl:|record_param_comms|all_reduce|allreduce|all_gather|barrier|"
+                                 r"reduce_scatter|alltoall|broadcast", re.IGNORECASE)
+KEYS = ["step", "device"]
 
 
-def _gaps(gpu: pl.DataFrame) -> pl.DataFrame:
-    """Idle intervals (step, device, start, end) between merged GPU activity of each step on each device."""
-    keys = ["step", "device"]
-    return (gpu.select([*keys, "ts", "end"]).sort([*keys, "ts"])
-            .with_columns(pl.col("end").cum_max().shift(1).over(keys).alias("start"))
-            .filter(pl.col("ts") > pl.col("start"))
-            .select(*keys, "start", pl.col("ts").alias("end")))
+def _windows(ctx: Context) -> pl.DataFrame:
+    """Each (step, device): from the step's CPU start (on the device's own process) to the later of its CPU end
+    and the end of the step's own GPU work. Leading and trailing idle time (data loading, the optimizer's
+    CPU work) is inside it."""
+    trace = ctx.trace
+    owner = pl.DataFrame({"device": list(trace.device_process), "pid": list(trace.device_process.values())},
+                         schema={"device": pl.Int64, "pid": pl.String})
+    steps = trace.steps.filter(~pl.col("capture"))
+    own_work = ctx.gpu.group_by(KEYS).agg(pl.col("end").max().alias("gpu_end")).with_columns(
+        pl.col("device").cast(pl.Int64))
+    by_pid = own_work.join(owner, on="device", how="left").join(
+        steps.select("pid", "step", pl.col("ts").alias("w_ts"), pl.col("end").alias("cpu_end")),
+        on=["pid", "step"], how="left")
+    any_pid = steps.unique("step", keep="first", maintain_order=True).select(
+        "step", pl.col("ts").alias("any_ts"), pl.col("end").alias("any_end"))
+    return (by_pid.join(any_pid, on="step", how="left")
+            .with_columns(pl.coalesce("w_ts", "any_ts").alias("w_ts"), pl.coalesce("cpu_end", "any_end").alias("c"))
+            .with_columns(pl.max_horizontal("c", "gpu_end").alias("w_end"))
+            .filter(pl.col("w_ts").is_not_null() & (pl.col("w_end") > pl.col("w_ts")))
+            .select(*KEYS, "w_ts", "w_end"))
+
+
+def _idle(ctx: Context, windows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per window: busy time of all the device's activity (communication included) clipped to it, and its
+    idle gaps (step, device, start, end), edges included."""
+    gpu = ctx.trace.gpu_linked.select(pl.col("device").cast(pl.Int64), "ts", "end")
+    overlaps = (pl.col("ts") < pl.col("w_end")) & (pl.col("end") > pl.col("w_ts"))
+    clipped = (windows.join(gpu, on="device").filter(overlaps)
+               .with_columns(pl.max_horizontal("ts", "w_ts").alias("ts"),
+                             pl.min_horizontal("end", "w_end").alias("end")))
+    runs = merged_runs(clipped, KEYS).join(windows, on=KEYS).sort([*KEYS, "ts"])
+    inner = (runs.with_columns(pl.col("end").shift(1).over(KEYS).alias("start"))
+             .filter(pl.col("start").is_not_null() & (pl.col("ts") > pl.col("start")))
+             .select(*KEYS, "start", pl.col("ts").alias("end")))
+    edges = runs.group_by(KEYS).agg(pl.col("ts").min().alias("first"), pl.col("end").max().alias("last")).join(
+        windows, on=KEYS)
+    lead = edges.filter(pl.col("first") > pl.col("w_ts")).select(*KEYS, pl.col("w_ts").alias("start"),
+                                                                  pl.col("first").alias("end"))
+    tail = edges.filter(pl.col("w_end") > pl.col("last")).select(*KEYS, pl.col("last").alias("start"),
+                                                                 pl.col("w_end").alias("end"))
+    gaps = pl.concat([inner, lead, tail]).with_columns((pl.col("end") - pl.col("start")).alias("us"))
+    per_window = windows.with_columns((pl.col("w_end") - pl.col("w_ts")).alias("span")).join(
+        gaps.group_by(KEYS).agg(pl.col("us").sum().alias("idle"), pl.len().alias("gaps")), on=KEYS, how="left")
+    return per_window.with_columns(pl.col("idle").fill_null(0.0), pl.col("gaps").fill_null(0)), gaps
 
 
 def _cpu_ops_during(ctx: Context, start: float, end: float) -> list[str]:
-    ops = ctx.trace.ops.filter((pl.col("cat") == "cpu_op") & (pl.col("ts") < end) & (pl.col("end") > start)
+    ops = ctx.trace.ops.filter((pl.col("ts") < end) & (pl.col("end") > start)
                                & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    ops = ops.filter((pl.col("cat") == "cpu_op") | pl.col("name").str.contains(BLOCKING_COLLECTIVE.pattern))
     counts = ops.group_by("name").agg(pl.len().alias("n"), pl.col("dur").sum()).sort(
         ["dur", "name"], descending=[True, False]).head(4)
     return counts["name"].to_list()
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
-    gpu = ctx.gpu
     if not ctx.trace.has_step_markers:
-        raise Skip("no ProfilerStep markers: gaps between the phases of a whole trace are not a step's idle time")
-    if not gpu.height:
+        raise Skip("no steps (no ProfilerStep markers and no recurring iteration to infer them from): gaps "
+                   "between the phases of a whole trace are not a step's idle time")
+    if not ctx.gpu.height:
         return []
-    keys = ["step", "device"]
-    gaps = _gaps(gpu)
-    per_step = (gpu.group_by(keys).agg((pl.col("end").max() - pl.col("ts").min()).alias("span"))
-                .join(gaps.group_by(keys).agg((pl.col("end") - pl.col("start")).sum().alias("idle"),
-                                              pl.len().alias("gaps")), on=keys, how="left")
-                .with_columns(pl.col("idle").fill_null(0.0), pl.col("gaps").fill_null(0)))
-    bad = per_step.filter((pl.col("span") > 0) & (pl.col("idle") >= ctx.params["min_idle_share"] * pl.col("span"))
-                          & (pl.col("idle") >= ctx.params["min_idle_us"]))
-    if not bad.height or bad.height * 2 < per_step.height:
+    per_window, gaps = _idle(ctx, _windows(ctx))
+    bad = per_window.filter((pl.col("span") > 0) & (pl.col("idle") >= ctx.params["min_idle_share"] * pl.col("span"))
+                            & (pl.col("idle") >= ctx.params["min_idle_us"]))
+    if not bad.height or bad.height * 2 < per_window.height:
         return []
+    findings = []
+    for device in sorted(bad["device"].unique().to_list(), key=lambda d: (d is None, d)):
+        mine = bad.filter(pl.col("device") == device) if device is not None else bad.filter(pl.col("device").is_null())
+        findings.append(_finding(ctx, device, mine, per_window, gaps))
+    return findings
+
+
+def _finding(ctx: Context, device: int | None, bad: pl.DataFrame, per_window: pl.DataFrame,
+             gaps: pl.DataFrame) -> dict[str, Any]:
     idle_per_step = float(bad["idle"].mean())
     span_per_step = float(bad["span"].mean())
-    top = (gaps.join(bad.select(keys), on=keys).with_columns((pl.col("end") - pl.col("start")).alias("us"))
-           .sort(["us", "start"], descending=[True, False]).head(TOP_GAPS))
-    largest = [{"idle_us": us, "cpu_ops": _cpu_ops_during(ctx, s, e)}
-               for s, e, us in top.select("start", "end", "us").iter_rows()]
+    top = (gaps.join(bad.select(KEYS), on=KEYS).sort(["us", "start"], descending=[True, False]).head(TOP_GAPS))
+    largest = []
+    for s, e, us in top.select("start", "end", "us").iter_rows():
+        ops = _cpu_ops_during(ctx, s, e)
+        collective = next((op for op in ops if BLOCKING_COLLECTIVE.search(op)), None)
+        largest.append({"idle_us": us, "cpu_ops": ops, "blocking_collective": collective})
     share = idle_per_step / span_per_step
-    named = ", ".join(largest[0]["cpu_ops"][:3]) if largest and largest[0]["cpu_ops"] else "no CPU op"
-    return [ctx.finding(
-        key="gpu-idle",
+    first = largest[0] if largest else {"idle_us": 0.0, "cpu_ops": [], "blocking_collective": None}
+    if first["blocking_collective"]:
+        waits = f"waits in a blocking collective ({first['blocking_collective']}): another rank is late"
+    else:
+        waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
+    steps_of_device = per_window.filter(pl.col("device") == device).height if device is not None else per_window.height
+    return ctx.finding(
+        key=f"gpu-idle|{device}",
+        device=device,
         message=(f"the GPU is idle {100 * share:.0f}% of each step ({fmt_us(idle_per_step)} of "
-                 f"{fmt_us(span_per_step)}) in {bad.height} of {per_step.height} steps; the largest gap "
-                 f"({fmt_us(largest[0]['idle_us'])}) waits on {named}"),
+                 f"{fmt_us(span_per_step)}) in {bad.height} of {steps_of_device} steps; the largest gap "
+                 f"({fmt_us(first['idle_us'])}) {waits}"),
         where={"op_chain": None, "kernel": None, "steps": sorted({int(s) for s in bad["step"].to_list()})},
-        evidence={"idle_us_per_step": idle_per_step, "gpu_span_us_per_step": span_per_step, "idle_share": share,
+        evidence={"idle_us_per_step": idle_per_step, "window_us_per_step": span_per_step, "idle_share": share,
                   "gaps_per_step": float(bad["gaps"].mean()), "largest_gaps": largest},
         gpu_us_per_step=idle_per_step,
         fix=ctx.rule.docs["fix"],
-    )]
+    )

@@ -40,10 +40,10 @@ class Context:
     params: dict[str, Any]
     severity: str
 
-    @property
+    @cached_property
     def steps(self) -> pl.DataFrame:
-        """Per-step numbers (Trace.step_table)."""
-        return self.trace.step_table
+        """Per-step, per-device numbers (Trace.step_table) of steady-state steps: graph captures left out."""
+        return self.trace.step_table.filter(~pl.col("capture"))
 
     @property
     def step_count(self) -> int:

@@ -43,8 +43,9 @@ def render(report: dict[str, Any], colour: bool) -> str:
             if f["where"].get("op_chain"):
                 out.append(f"      where: {f['where']['op_chain']}")
             if impact["gpu_us_per_step"]:
+                also = f"; {f['subsumed_by']}'s fix includes this one" if f.get("subsumed_by") else ""
                 out.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
-                           f"({100 * impact['share_of_step']:.1f}% of step)")
+                           f"({100 * impact['share_of_step']:.1f}% of step){also}")
             out.append(f"      fix: {f['fix']}")
         for skip in skipped.get(path, []):
             out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))

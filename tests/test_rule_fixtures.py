@@ -1,0 +1,176 @@
+"""Per-rule fixtures in the style of sqlfluff's: small traces built from real H200 event shapes (a sample trace
+read as JSON and changed the way another program would have written it), each named for the situation, where
+the rule must fire or must stay silent."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import sample
+from tracebuild import read_json, write_json
+
+from attntrace.lint import lint_trace
+from attntrace.loading import load
+
+NAIVE = sample("bf16_causal_fwd/naive")
+
+
+def _findings(path: str, rule: str) -> list[dict[str, Any]]:
+    return [f for f in lint_trace(load(path)).findings if f["rule"] == rule]
+
+
+def _rename_op(doc: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    for e in doc["traceEvents"]:
+        if e.get("name") == old and e.get("cat") == "cpu_op":
+            e["name"] = new
+    return doc
+
+
+def _wrap_steps(doc: dict[str, Any], label: str) -> dict[str, Any]:
+    """A record_function around each step's work, as Lightning, HF Trainer or DDP add."""
+    marks = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") == "user_annotation"]
+    for m in marks:
+        doc["traceEvents"].append({**m, "name": label, "ts": m["ts"] + 0.001, "dur": m["dur"] - 0.002,
+                                   "args": {}})
+    return doc
+
+
+def _build(tmp_path: Path, doc: dict[str, Any], name: str) -> str:
+    return write_json(doc, tmp_path / f"{name}.json")
+
+
+# --- AT101 hidden-copy ---------------------------------------------------------------------------------
+def test_at101_fires_inside_a_record_function_and_names_the_op(tmp_path: Path):
+    path = _build(tmp_path, _wrap_steps(read_json(NAIVE), "execute_context_1(888_788544)"), "wrapped")
+    (f,) = _findings(path, "AT101")
+    assert f["message"].startswith("aten::masked_fill makes")
+    assert "execute_context" not in f["where"]["op_chain"]
+
+
+@pytest.mark.parametrize("explicit", ["aten::contiguous", "aten::clone"])
+def test_at101_silent_on_an_explicit_copy_inside_a_record_function(tmp_path: Path, explicit: str):
+    doc = _wrap_steps(_rename_op(read_json(NAIVE), "aten::masked_fill", explicit), "training_step")
+    assert _findings(_build(tmp_path, doc, "explicit"), "AT101") == []
+
+
+@pytest.mark.parametrize("owner", ["aten::constant_pad_nd", "aten::pad", "vllm::all_reduce",
+                                   "c10d::allreduce_"])
+def test_at101_silent_on_padding_and_collective_staging(tmp_path: Path, owner: str):
+    doc = _rename_op(read_json(NAIVE), "aten::masked_fill", owner)
+    assert _findings(_build(tmp_path, doc, "owner"), "AT101") == []
+
+
+def test_at101_ddp_bucket_copy_suggests_gradient_as_bucket_view(tmp_path: Path):
+    doc = _rename_op(read_json(NAIVE), "aten::masked_fill", "torch.distributed.ddp.reducer::copy_bucket_to_grad")
+    (f,) = _findings(_build(tmp_path, doc, "ddp"), "AT101")
+    assert "gradient_as_bucket_view=True" in f["fix"]
+
+
+def test_at101_is_subsumed_by_the_unfused_chain_it_belongs_to():
+    copies = _findings(NAIVE, "AT101")
+    assert copies and all(f["subsumed_by"] == "AT102" for f in copies)
+
+
+# --- AT102 materialized-scores -------------------------------------------------------------------------
+def test_at102_fires_on_a_chain_split_across_helper_functions(tmp_path: Path):
+    doc = read_json(NAIVE)
+    ops = sorted((e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    first_mul = next(e for e in ops if e["name"] == "aten::mul")
+    softmax = next(e for e in ops if e["name"] == "aten::softmax" and e["ts"] > first_mul["ts"])
+    helper = {k: first_mul[k] for k in ("ph", "pid", "tid")}
+    doc["traceEvents"] += [
+        {**helper, "cat": "user_annotation", "name": "scores()", "ts": first_mul["ts"] - 0.0005,
+         "dur": softmax["ts"] - first_mul["ts"], "args": {}},
+        {**helper, "cat": "user_annotation", "name": "attend()", "ts": softmax["ts"] - 0.0005,
+         "dur": softmax["dur"] + 0.001, "args": {}}]
+    (f,) = _findings(_build(tmp_path, doc, "helpers"), "AT102")
+    assert "aten::softmax" in f["where"]["op_chain"]
+
+
+def test_at102_fix_says_attn_mask_when_the_trace_does_not_show_a_causal_mask():
+    (f,) = _findings(NAIVE, "AT102")
+    assert "attn_mask=mask" in f["fix"] and f["evidence"]["causal_mask_in_trace"] is False
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/sdpa", "bf16_causal_fwd/sdpa_flash", "bf16_decode_kvcache/naive"])
+def test_at102_silent_on_fused_attention_and_decode(name: str):
+    assert _findings(sample(name), "AT102") == []
+
+
+# --- AT201 / AT202 / AT301 on the math backend: one fix, counted once -------------------------------------
+def test_math_backend_findings_are_subsumed_by_at202():
+    report = lint_trace(load(sample("bf16_causal_fwd/sdpa_math")))
+    rules = {f["rule"]: f for f in report.findings}
+    assert "AT202" in rules and "subsumed_by" not in rules["AT202"]
+    assert rules["AT201"]["subsumed_by"] == "AT202"
+    counted = sum(f["impact"]["gpu_us_per_step"] for f in report.findings if "subsumed_by" not in f)
+    assert report.info["impact_gpu_us_per_step"] == pytest.approx(counted)
+    assert counted <= report.info["summary"]["per_step"][0]["gpu_busy_us"]
+
+
+# --- AT302 host-sync ----------------------------------------------------------------------------------
+def test_at302_cheap_item_sync_is_info_not_warning():
+    (f,) = _findings(sample("workloads/gpt2_eager_train"), "AT302")
+    assert f["severity"] == "info" and f["message"].startswith("1 host sync per step")
+
+
+def test_at302_on_two_ranks_counts_per_step_of_one_rank(tmp_path: Path):
+    doc = read_json(sample("workloads/gpt2_eager_train"))
+    second = copy.deepcopy(doc["traceEvents"])
+    for e in second:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"):
+            e["pid"] = 1
+            if "device" in e.get("args", {}):
+                e["args"]["device"] = 1
+        elif isinstance(e.get("pid"), int):
+            e["pid"] += 100000
+    doc["traceEvents"] += second
+    findings = _findings(_build(tmp_path, doc, "ranks"), "AT302")
+    assert findings and all(f["message"].startswith("1 host sync per step") for f in findings)
+
+
+# --- AT401 low-occupancy -------------------------------------------------------------------------------
+def test_at401_fires_on_a_real_low_occupancy_kernel():
+    (f,) = _findings(sample("workloads/low_occupancy_kernel"), "AT401")
+    assert f["severity"] == "warning"
+
+
+def test_at401_silent_on_communication_kernels(tmp_path: Path):
+    doc = read_json(sample("workloads/low_occupancy_kernel"))
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["name"].startswith("attntrace_lowocc_scale"):
+            e["name"] = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    assert _findings(_build(tmp_path, doc, "nccl"), "AT401") == []
+
+
+@pytest.mark.parametrize("name", ["bf16_causal_fwd/compiled", "bf16_causal_fwd/flex", "bf16_causal_fwd/sdpa_cudnn"])
+def test_at401_silent_on_inductor_and_fused_kernels(name: str):
+    assert _findings(sample(name), "AT401") == []
+
+
+# --- AT501 launch-overhead -------------------------------------------------------------------------------
+TINY = sample("workloads/launch_bound_tiny_ops")
+
+
+def test_at501_fires_with_rocm_launch_names(tmp_path: Path):
+    doc = read_json(TINY)
+    for e in doc["traceEvents"]:
+        if e.get("name") == "cudaLaunchKernel":
+            e["name"] = "hipLaunchKernel"
+    assert _findings(_build(tmp_path, doc, "rocm"), "AT501")
+
+
+def test_at501_silent_when_the_steps_are_graph_captures(tmp_path: Path):
+    doc = read_json(TINY)
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") == "user_annotation"]
+    for s in steps:
+        thread = {"pid": s["pid"], "tid": s["tid"], "cat": "cuda_runtime", "ph": "X", "dur": 1, "args": {}}
+        doc["traceEvents"] += [{**thread, "name": "cudaStreamBeginCapture", "ts": s["ts"] + 0.5},
+                               {**thread, "name": "cudaStreamEndCapture", "ts": s["ts"] + s["dur"] - 2}]
+    assert _findings(TINY, "AT501")
+    assert _findings(_build(tmp_path, doc, "captured"), "AT501") == []
