@@ -27,6 +27,9 @@ FIXES = {
                          "under `torch.no_grad()` or where autograd allows it), or fuse the attention with "
                          "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
 }
+COMPILED_FIX = ("torch.compile copies back the graph inputs it mutates in place and clones outputs that alias "
+                "inputs: move in-place updates of inputs (buffers, caches) out of the compiled region or make them "
+                "outputs, and return new tensors rather than views of inputs.")
 BUCKET_VIEW_FIX = ("DDP copies each gradient between its bucket and `.grad` every step. Construct the model with "
                    "`DistributedDataParallel(model, gradient_as_bucket_view=True)` so that `.grad` is a view into "
                    "the bucket and the copy disappears.")
@@ -96,7 +99,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         asked_by = next((n for n in reversed(names) if n not in EXPLICIT_COPY_OPS and n not in ALLOCATION_OPS),
                         names[-1])
         ddp = any(DDP.search(n) for n in names)
-        fix = BUCKET_VIEW_FIX if ddp else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX)
+        compiled = asked_by.startswith("CompiledFunction")
+        fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else next((FIXES[n] for n in names if n in FIXES),
+                                                                            GENERIC_FIX)
         count = len(rows) / ctx.step_count
         size = fmt_bytes(per_copy) if per_copy else "unknown size"
         findings.append(ctx.finding(

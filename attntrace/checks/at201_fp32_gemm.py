@@ -23,6 +23,7 @@ FIXES["fp32-convolution"] = ("Run the convolutions in bf16/fp16 under `torch.aut
                              "with `channels_last` memory format, and keep `torch.backends.cudnn.allow_tf32 = True` "
                              "(PyTorch's default) so that cuDNN may pick TF32 tensor-core algorithms.")
 FIXES["unknown"] = FIXES["fp32-inputs"]
+ONE_FINDING_CAUSES = {"fp32-convolution", "sdpa-math-upcast-backward"}
 CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convolution", "aten::conv2d",
                "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
 # Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
@@ -77,9 +78,13 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     for row in gemms.iter_rows(named=True):
         cause, why = _cause(ctx, row["op"], math_dtype)
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
-        groups.setdefault((cause, why, chain), []).append(row)
+        # One cause with one fix is one finding, however many layers' op chains show it.
+        key = "" if cause in ONE_FINDING_CAUSES else chain
+        groups.setdefault((cause, why, key), []).append({**row, "chain": chain})
     findings = []
-    for (cause, why, chain), rows in sorted(groups.items()):
+    for (cause, why, _), rows in sorted(groups.items()):
+        chains = sorted({r["chain"] for r in rows}, key=lambda c: (-sum(r["chain"] == c for r in rows), c))
+        chain = chains[0]
         us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
         share = ctx.share_of_gpu(us_per_step)
         if share < ctx.params["min_share"]:
@@ -88,11 +93,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         kernels = sorted({r["name"] for r in rows})
         findings.append(ctx.finding(
             op=rows[0]["op"],
-            key=f"{cause}|{chain}",
+            key=f"{cause}|{chain if cause not in ONE_FINDING_CAUSES else ''}",
             message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores, not tensor cores: "
                      f"{why} ({fmt_us(us_per_step)} GPU per step, {100 * share:.0f}% of step GPU time)"),
             where={"op_chain": chain, "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
-            evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels,
+            evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels[:20],
+                      "op_chains": chains[:20],
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
                       "assumed_tensor_core_speedup": ctx.params["expected_speedup"]},
             gpu_us_per_step=saved,
