@@ -323,9 +323,10 @@ def explain(rule: str) -> None:
 def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None) -> None:
     """Compare two traces, or two directories of traces matched by name."""
     from attntrace import diff as differ
+    from attntrace.sources import is_url
 
     for path in (base, new):
-        if not Path(path).exists():
+        if not is_url(path) and not Path(path).exists():
             raise click.ClickException(f"{path}: no such file or directory")
     result = differ.compare(base, new, fail_over)
     for c in result["comparisons"]:
