@@ -209,6 +209,17 @@ def _settings(select: str | None, ignore: str | None, sets: tuple[str, ...], fai
         raise click.ClickException(str(exc)) from exc
 
 
+def _scheduler(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from attntrace.distributed import SchedulerError, check
+
+    try:
+        return check(value)
+    except SchedulerError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -229,12 +240,19 @@ def _split(value: str | None) -> list[str]:
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
+@click.option("--scheduler", callback=lambda ctx, param, value: _scheduler(value), metavar="tcp://HOST:PORT|local[:N]",
+              help="Lint on a Dask cluster, one task per trace (pip install 'attntrace[dask]'): an existing "
+                   "scheduler's address, or local:N worker processes here. Workers read the traces themselves.")
+@click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
+              help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
+                   "ranks; auto does so when the inputs are the rank traces of one job.")
 @read_options
 def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
-         config_path: str | None, sets: tuple[str, ...], jobs: int, max_size: int | None, salvage: bool) -> None:
-    """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
-    from attntrace import baseline
+         config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
+         max_size: int | None, salvage: bool) -> None:
+    """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
+    from attntrace import baseline, distributed  # distributed imports Dask only when a scheduler is given
     from attntrace import lint as engine
     from attntrace.catalog import load_rules
 
@@ -243,7 +261,11 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, baseline_path: st
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
         raise click.ClickException(str(exc)) from exc
-    report = engine.run(list(paths), settings, jobs, _read_options(max_size, salvage))
+    runner = distributed.runner(scheduler) if scheduler else None
+    try:
+        report = engine.run(list(paths), settings, jobs, _read_options(max_size, salvage), runner, group)
+    except distributed.SchedulerError as exc:
+        raise click.ClickException(str(exc)) from exc
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:
