@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,7 +34,9 @@ def check(value: str) -> str:
 
 
 def _quiet() -> None:
-    # distributed logs worker deaths and restarts to stderr; each such trace is already reported as one line.
+    # distributed logs worker deaths and restarts to stderr, and warns about busy ports; a lost trace is
+    # already reported as one line, and nothing else of the cluster's is the user's business here.
+    warnings.filterwarnings("ignore", module=r"distributed(\.|$)")
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
@@ -54,7 +57,7 @@ def _client(scheduler: str) -> Iterator[Any]:
             workers = int(local.group(1) or os.cpu_count() or 1)
             try:
                 cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.CRITICAL)
+                                       dashboard_address=":0", silence_logs=logging.CRITICAL)
             except Exception as exc:
                 raise SchedulerError(f"cannot start {workers} local Dask workers ({type(exc).__name__}: {exc})") \
                     from exc
@@ -62,7 +65,7 @@ def _client(scheduler: str) -> Iterator[Any]:
                 yield client
             return
         try:
-            client = Client(scheduler, timeout="30s")
+            client = Client(scheduler)  # waits distributed.comm.timeouts.connect (30 s unless configured)
         except Exception as exc:  # OSError, TimeoutError and Dask's own: all mean "not reachable"
             raise SchedulerError(f"{scheduler}: cannot reach the Dask scheduler ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else 'no answer'})") from exc
