@@ -6,9 +6,11 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -55,6 +57,7 @@ def test_a_finding_on_many_ranks_is_reported_once_with_its_spread(job: Path) -> 
     assert report["summary"]["findings"] == {s: sum(f["severity"] == s for f in report["findings"])
                                              for s in ("error", "warning", "info")}
     assert len(report["traces"]) == 4  # each rank's own summary stays
+    jsonschema.validate(report, json.loads(files("attntrace").joinpath("schema/report.schema.json").read_text()))
 
 
 def test_the_job_summary_shows_the_straggler(job: Path) -> None:
