@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib
+import os
 import socket
 import subprocess
 import sys
@@ -7,6 +9,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +29,20 @@ def corpus_files() -> list[Path]:
     return sorted(p for p in CORPUS.iterdir() if p.name.endswith((".json", ".json.gz")))
 
 
+def need(module: str, extra: str) -> Any:
+    """Import an optional extra's module, or skip; in CI (CI=true), where `make install` installs the extras,
+    a missing one fails instead, so that these tests cannot quietly stop running."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs the {extra} extra")
+
+
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[dict[str, str]]:
     """A real S3 API on localhost (moto's server mode), started here and stopped after the module's tests; yields
     the environment that points boto and s3fs at it."""
-    pytest.importorskip("moto.server", reason="needs the test-remote extra (moto[server])")
-    pytest.importorskip("s3fs", reason="needs the s3 extra")
+    need("moto.server", "test-remote")
+    need("s3fs", "s3")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

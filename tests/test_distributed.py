@@ -17,15 +17,15 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import sample
+from conftest import need, sample
 
 from attntrace import lint as engine
 from attntrace.catalog import load_rules
 from attntrace.cli import main
 from attntrace.distributed import runner
 
-distributed = pytest.importorskip("distributed", reason="needs the dask extra")
-dask = pytest.importorskip("dask")
+distributed = need("distributed", "dask")
+dask = need("dask", "dask")
 NAMES = ["bf16_causal_fwd/naive", "bf16_causal_fwd/sdpa", "bf16_causal_fwd/sdpa_math", "fp32_causal_fwd/naive"]
 POLL_S, POLL_LIMIT_S = 0.05, 120.0  # how often and how long to wait for the cluster to reach a state
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SAMPLES, sample
+from conftest import SAMPLES, need, sample
 
 # Rank 3 is another program, so that grouped findings miss a rank.
 RANK_SAMPLES = ["bf16_causal_fwd/naive"] * 3 + ["bf16_causal_fwd/sdpa_math"]
@@ -162,7 +163,7 @@ def test_diff_reads_urls(s3_env: dict[str, str]) -> None:
 
 @pytest.fixture
 def web_server() -> Any:
-    pytest.importorskip("aiohttp", reason="http(s):// needs the remote extra")
+    need("aiohttp", "remote")
     handler = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(SAMPLES)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -181,6 +182,17 @@ def test_http_and_file_urls_give_the_local_findings(web_server: str) -> None:
     missing = attntrace({}, "lint", f"{web_server}/absent.json")
     assert missing.returncode == 2
     assert missing.stderr.splitlines() == [f"error: {web_server}/absent.json: no such object, bucket or prefix"]
+
+
+def test_a_protocol_without_its_package_names_the_extra_and_an_unknown_one_is_refused() -> None:
+    if importlib.util.find_spec("gcsfs"):
+        pytest.skip("gcsfs is installed")
+    run = attntrace({}, "lint", "gs://bucket/rank0.json", "foo://host/rank0.json")
+    assert run.returncode == 2
+    gcs, foo = run.stderr.splitlines()
+    assert gcs.startswith("error: gs://bucket/rank0.json: gs:// needs a package that is not installed")
+    assert gcs.endswith("pip install 'attntrace[gcs]'")
+    assert foo.startswith("error: foo://host/rank0.json: foo:// is not a protocol fsspec knows")
 
 
 def test_a_password_in_a_url_is_refused_without_printing_it() -> None:
