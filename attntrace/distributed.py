@@ -92,14 +92,16 @@ def runner(scheduler: str) -> Callable[[list[str], Callable[[str], Any]], list[A
             return []
         from distributed import as_completed
 
+        # One slot per trace, filled once: a task that Dask ran again after a worker died still gives one
+        # report, and the order is the input order whatever order the workers finish in.
+        results: list[Any] = [None] * len(paths)
         with _client(scheduler) as client:
             run_id = uuid.uuid4().hex[:12]  # keys unique to this run: another client's results are never shared
             futures = [client.submit(guarded, path, work, key=f"attntrace-{run_id}-{i}", pure=False)
-                       for i, path in enumerate(paths)]
-            index = {f.key: i for i, f in enumerate(futures)}
-            # One slot per trace, filled once: a task that Dask ran again after a worker died still gives one
-            # report, and the order is the input order whatever order the workers finish in.
-            results: list[Any] = [None] * len(paths)
+                       for i, path in enumerate(paths) if path != "-"]
+            index = {f.key: int(f.key.rsplit("-", 1)[1]) for f in futures}
+            if "-" in paths:  # standard input is this process's: read it here while the workers run
+                results[paths.index("-")] = guarded("-", work)
             for future in as_completed(futures):
                 i = index[future.key]
                 if future.status == "finished":

@@ -65,6 +65,16 @@ def test_a_cluster_gives_the_local_report_byte_for_byte(cluster: Any, traces: Pa
     assert report["findings"] and clustered[0] == 2  # the broken trace is an error, the others are analysed
 
 
+def test_standard_input_is_read_by_the_client(cluster: Any, traces: Path) -> None:
+    data = Path(sample("bf16_causal_fwd/naive")).read_bytes()
+    args = ["lint", "-", str(traces / "trace1.pt.trace.json.gz"), "--format", "json", "--fail-on", "never"]
+    local = CliRunner().invoke(main, [*args, "-j", "1"], input=data)
+    clustered = CliRunner().invoke(main, [*args, "--scheduler", cluster.scheduler_address], input=data)
+    assert clustered.stdout_bytes == local.stdout_bytes
+    first = orjson.loads(clustered.stdout_bytes)["traces"][0]
+    assert first["path"] == "-" and first["error"] is None
+
+
 def test_local_n_starts_its_own_cluster_with_the_same_output(traces: Path) -> None:
     args = [sys.executable, "-m", "attntrace", "lint", str(traces), "--format", "json", "--fail-on", "never"]
     local = subprocess.run([*args, "-j", "1"], capture_output=True, check=False)
