@@ -103,12 +103,14 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
         return
     try:
         fs, path = _filesystem(given)
-        if fs.protocol in ("http", "https") or "http" in fs.protocol:
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & {"http", "https"}:
             # A web server has no listing that fsspec can trust: the URL is one file, read as it is.
             yield given, False
             return
         if _GLOB.search(path):
-            found = sorted(p for p in fs.glob(path) if _is_trace_name(p) and fs.isfile(p))
+            matches = fs.glob(path, detail=True)  # the listing says which are files: no request per match
+            found = sorted(p for p, info in matches.items() if _is_trace_name(p) and info.get("type") == "file")
             if not found:
                 yield TraceError("not-found", f"{name}: no trace objects (*.json, *.json.gz) match")
             yield from ((fs.unstrip_protocol(p), True) for p in found)
