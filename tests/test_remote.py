@@ -184,6 +184,42 @@ def test_http_and_file_urls_give_the_local_findings(web_server: str) -> None:
     assert missing.stderr.splitlines() == [f"error: {web_server}/absent.json: no such object, bucket or prefix"]
 
 
+class _NoLength(http.server.BaseHTTPRequestHandler):
+    """Serves a trace without Content-Length, closing the connection at its end, as a streaming server does."""
+
+    protocol_version = "HTTP/1.0"
+    body = gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_stream_of_unknown_length_is_cut_at_max_size() -> None:
+    need("aiohttp", "remote")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoLength)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/stream.json"
+    try:
+        refused = attntrace({}, "lint", url, "--max-size", "50K")
+        whole = attntrace({}, "lint", url, "--format", "json", "--fail-on", "never")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [f"error: {url}: more than 51200 bytes, the limit (--max-size)"]
+    assert whole.returncode == 0 and json.loads(whole.stdout)["traces"][0]["events"] > 0
+
+
 def test_a_protocol_without_its_package_names_the_extra_and_an_unknown_one_is_refused() -> None:
     if importlib.util.find_spec("gcsfs"):
         pytest.skip("gcsfs is installed")
