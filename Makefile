@@ -10,7 +10,7 @@ $(BIN)/attntrace: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch pinned to the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,capture,html]'
+	$(BIN)/pip install -q -e '.[dev,capture,html,test-remote]'
 	touch $@
 
 install: $(BIN)/attntrace

@@ -260,7 +260,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
          ignore: str | Iterable[str] | None = None, settings: Settings | Mapping[str, Any] | None = None, *,
          fail_on: str | None = None, config: PathLike | None = None, jobs: int = 1, max_size: int | None = None,
          salvage: bool = False, annotate: PathLike | None = None, timelines: bool = True,
-         progress: Callable[[str, int], None] | None = None) -> Report:
+         progress: Callable[[str, int], None] | None = None, runner: Any = None, group: str = "none") -> Report:
     """Lint trace files or directories and return the report.
 
     select/ignore: rule ids, names or prefixes ("AT1", "hidden-copy"), as a list or comma-separated.
@@ -269,6 +269,8 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     annotate: write each trace with its findings on the timeline there (see `attntrace lint --annotate`).
     timelines: keep each trace's per-step GPU timeline for the HTML report (cheap next to reading).
     progress: called with (path, bytes) as each input is done.
+    runner: where the traces are linted (attntrace.distributed.runner for a Dask cluster); here by default.
+    group: "ranks" reports one job's rank traces as one verdict, "auto" when the inputs look like one (ranks).
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
     from attntrace import lint as engine
     from attntrace.loading import InputError, map_inputs
@@ -285,7 +287,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []
     views: dict[str, dict[str, Any]] = {}
-    for result in map_inputs(names, work, jobs):
+    for result in map_inputs(names, work, jobs, runner):
         if isinstance(result, _Linted):
             parts.append(result.report)
             if result.timeline is not None:
@@ -295,7 +297,9 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
         if progress is not None:
             path = result.report.path if isinstance(result, _Linted) else result.path
             progress(path, _size(path) if not isinstance(result, InputError) else 0)
-    return Report(engine.assemble(parts), views)
+    from attntrace import ranks
+
+    return Report(ranks.group(engine.assemble(parts), parts, group), views)
 
 
 def _size(path: str) -> int:

@@ -236,6 +236,17 @@ def _settings(select: str | None, ignore: str | None, sets: tuple[str, ...], fai
         raise click.ClickException(str(exc)) from exc
 
 
+def _scheduler(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from attntrace.distributed import SchedulerError, check
+
+    try:
+        return check(value)
+    except SchedulerError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -262,12 +273,19 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html"]
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
 @click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
+@click.option("--scheduler", callback=lambda ctx, param, value: _scheduler(value), metavar="tcp://HOST:PORT|local[:N]",
+              help="Lint on a Dask cluster, one task per trace (pip install 'attntrace[dask]'): an existing "
+                   "scheduler's address, or local:N worker processes here. Workers read the traces themselves.")
+@click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
+              help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
+                   "ranks; auto does so when the inputs are the rank traces of one job.")
 @read_options
 def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
-         config_path: str | None, sets: tuple[str, ...], jobs: int, max_size: int | None, salvage: bool) -> None:
-    """Lint PyTorch profiler traces (files, directories, or - for stdin)."""
-    from attntrace import api, baseline
+         config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
+         max_size: int | None, salvage: bool) -> None:
+    """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
+    from attntrace import api, baseline, distributed  # distributed imports Dask only when a scheduler is given
     from attntrace import lint as engine
     from attntrace.catalog import load_rules
     from attntrace.progress import file_progress
@@ -282,10 +300,14 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
         if importlib.util.find_spec("plotly") is None:
             raise click.ClickException(MISSING_EXTRA)
+    runner = distributed.runner(scheduler) if scheduler else None
     with file_progress(list(paths)) as progress:
         try:
             result = api.lint(list(paths), settings=settings, jobs=jobs, max_size=max_size, salvage=salvage,
-                              annotate=annotate_to, timelines=fmt == "html", progress=progress)
+                              annotate=annotate_to, timelines=fmt == "html", progress=progress, runner=runner,
+                              group=group)
+        except distributed.SchedulerError as exc:
+            raise click.ClickException(str(exc)) from exc
         except ValueError as exc:  # --annotate cannot map the inputs to outputs
             raise click.ClickException(str(exc)) from exc
     report = result.data
@@ -379,9 +401,10 @@ def explain(rule: str) -> None:
 def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None) -> None:
     """Compare two traces, or two directories of traces matched by name."""
     from attntrace import diff as differ
+    from attntrace.sources import is_url
 
     for path in (base, new):
-        if not Path(path).exists():
+        if not is_url(path) and not Path(path).exists():
             raise click.ClickException(f"{path}: no such file or directory")
     result = differ.compare(base, new, fail_over)
     for c in result["comparisons"]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from attntrace import __version__
+from attntrace import __version__, ranks
 from attntrace.catalog import Rule, load_rules
 from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
-from attntrace.loading import SKIPPED, InputError, load, map_inputs
+from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model import Trace
 from attntrace.reader import ReadOptions
 from attntrace.summary import summarize
@@ -27,6 +27,7 @@ class TraceReport:
     info: dict[str, Any]
     findings: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    job: dict[str, Any] = field(default_factory=dict)  # rank and step times for --group ranks (ranks.identity)
 
 
 def default_settings(rules: dict[str, Rule]) -> Settings:
@@ -49,7 +50,7 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
     info = {"path": trace.path, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
             "incomplete": trace.meta.incomplete, "error": None}
-    report = TraceReport(trace.path, info)
+    report = TraceReport(trace.path, info, job=ranks.identity(trace))
     for rule_id in settings.enabled:
         rule = rules[rule_id]
         reason = next((r for r in map(partial(_missing, trace), rule.needs) if r), None)
@@ -97,9 +98,12 @@ def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def run(paths: list[str], settings: Settings, jobs: int = 1,
-        options: ReadOptions = ReadOptions()) -> dict[str, Any]:  # noqa: B008
-    results = list(map_inputs(paths, partial(lint_path, settings=settings, options=options), jobs))
-    return assemble(results)
+        options: ReadOptions = ReadOptions(), runner: Runner | None = None,  # noqa: B008
+        group: str = "none") -> dict[str, Any]:
+    """Lint every trace under `paths` (`jobs` at a time, or on a cluster through `runner`); `group` "ranks" or
+    "auto" merges one job's ranks (ranks.group)."""
+    results = list(map_inputs(paths, partial(lint_path, settings=settings, options=options), jobs, runner))
+    return ranks.group(assemble(results), results, group)
 
 
 

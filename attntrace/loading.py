@@ -49,16 +49,23 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
     return guarded(path, work)
 
 
-def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1) -> Iterator[T | InputError]:
-    """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time."""
+# Runs `work` on every path of a list elsewhere (a cluster), returning one result per path in list order.
+Runner = Callable[[list[str], Callable[[str], Any]], list[Any]]
+
+
+def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
+               runner: Runner | None = None) -> Iterator[T | InputError]:
+    """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time (or by `runner`)."""
     found = list(reader.discover(paths))
     todo = [item[0] for item in found if isinstance(item, tuple)]
     with ExitStack() as stack:
-        if jobs > 1 and len(todo) > 1 and "-" not in todo:
+        if runner is not None:
+            done: Iterator[T | InputError] = iter(runner(todo, work))
+        elif jobs > 1 and len(todo) > 1 and "-" not in todo:
             # spawn, not fork: polars' thread pool does not survive a fork.
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
                                                            mp_context=get_context("spawn")))
-            done: Iterator[T | InputError] = pool.map(_call, [(p, work) for p in todo])
+            done = pool.map(_call, [(p, work) for p in todo])
         else:
             done = (guarded(p, work) for p in todo)
         # Results come in input order as each is done, so a caller can show progress.

@@ -141,9 +141,14 @@ _ANY = msgspec.json.Decoder()
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
     or why the input is unusable."""
+    from attntrace import sources  # URLs: a small module; fsspec itself is imported only for a URL
+
     for given in paths:
         if given == "-":
             yield given, False
+            continue
+        if sources.is_url(given):
+            yield from sources.discover(given)
             continue
         path = Path(given)
         if path.is_dir():
@@ -169,9 +174,13 @@ def _walk_traces(root: Path) -> Iterator[str]:
 def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> tuple[bytearray, bool]:
     """The file's bytes (a private, mutable copy), gunzipped when they are gzip, refusing more than max_bytes
     decompressed, and whether the gzip stream was cut off (only returned, not refused, with salvage)."""
+    from attntrace import sources
+
     try:
         if path == "-":
             data = bytearray(sys.stdin.buffer.read())
+        elif sources.is_url(path):
+            data = sources.read_bytes(path, max_bytes)
         else:
             with open(path, "rb") as fh:
                 data = bytearray(os.fstat(fh.fileno()).st_size)

@@ -1,6 +1,15 @@
 from __future__ import annotations
 
+import importlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,3 +27,41 @@ def corpus_files() -> list[Path]:
     if not CORPUS.is_dir():
         pytest.skip("../shared/corpus/peer is absent")
     return sorted(p for p in CORPUS.iterdir() if p.name.endswith((".json", ".json.gz")))
+
+
+def need(module: str, extra: str) -> Any:
+    """Import an optional extra's module, or skip; in CI (CI=true), where `make install` installs the extras,
+    a missing one fails instead, so that these tests cannot quietly stop running."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs the {extra} extra")
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3 API on localhost (moto's server mode), started here and stopped after the module's tests; yields
+    the environment that points boto and s3fs at it."""
+    need("moto.server", "test-remote")
+    need("s3fs", "s3")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):  # up to about 30 s for the server to answer
+            try:
+                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None:
+                    pytest.fail("moto server exited at start")
+                time.sleep(0.1)
+        else:
+            pytest.fail("moto server did not answer")
+        yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

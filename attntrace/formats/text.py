@@ -9,6 +9,24 @@ import click
 COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 
 
+def _finding(f: dict[str, Any], style: Any) -> list[str]:
+    impact = f["impact"]
+    sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
+    known = {"known": " (known)", "new": " (new)"}.get(f.get("baseline", ""), "")
+    lines = [f"  {style(f['rule'], bold=True)} {sev} {f['message']}{known}"]
+    if f["where"].get("op_chain"):
+        lines.append(f"      where: {f['where']['op_chain']}")
+    if impact["gpu_us_per_step"]:
+        spread = f.get("ranks", {}).get("gpu_us_per_step")
+        across = (f"; across ranks min {spread['min']:.1f}, median {spread['median']:.1f}, max {spread['max']:.1f} us"
+                  if spread else "")
+        also = f"; {f['subsumed_by']}'s fix includes this one" if f.get("subsumed_by") else ""
+        lines.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
+                     f"({100 * impact['share_of_step']:.1f}% of step){across}{also}")
+    lines.append(f"      fix: {f['fix']}")
+    return lines
+
+
 def render(report: dict[str, Any], colour: bool) -> str:
     def style(text: str, **kw: Any) -> str:
         return click.style(text, **kw) if colour else text
@@ -28,6 +46,10 @@ def render(report: dict[str, Any], colour: bool) -> str:
             continue
         found = by_trace.get(path, [])
         summary = trace["summary"] or {}
+        if report.get("job"):
+            # One job: a line per rank would bury the verdict; its findings follow once, below.
+            out += [f"{style(path, bold=True)}: note: {note}" for note in summary.get("notes") or []]
+            continue
         head = f"{style(path, bold=True)}  ({trace['device'] or 'CPU only'}, {trace['steps'] or 'no'} steps"
         head += f", attention: {', '.join(summary.get('attention_backends') or []) or 'none found'})"
         out.append(head)
@@ -36,19 +58,18 @@ def render(report: dict[str, Any], colour: bool) -> str:
         if not found:
             out.append("  no findings")
         for f in found:
-            impact = f["impact"]
-            sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
-            known = {"known": " (known)", "new": " (new)"}.get(f.get("baseline", ""), "")
-            out.append(f"  {style(f['rule'], bold=True)} {sev} {f['message']}{known}")
-            if f["where"].get("op_chain"):
-                out.append(f"      where: {f['where']['op_chain']}")
-            if impact["gpu_us_per_step"]:
-                also = f"; {f['subsumed_by']}'s fix includes this one" if f.get("subsumed_by") else ""
-                out.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
-                           f"({100 * impact['share_of_step']:.1f}% of step){also}")
-            out.append(f"      fix: {f['fix']}")
+            out += _finding(f, style)
         for skip in skipped.get(path, []):
             out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))
+        out.append("")
+    if report.get("job"):
+        from attntrace.ranks import render_job
+
+        out += render_job(report["job"])
+        for f in report["findings"]:
+            out += _finding(f, style)
+        for skip in report["skipped"]:
+            out.append(style(f"  {skip['rule']} skipped on {skip['ranks']} rank(s): {skip['reason']}", dim=True))
         out.append("")
     if report.get("baseline"):
         b = report["baseline"]

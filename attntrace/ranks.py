@@ -1,0 +1,134 @@
+"""One verdict for a distributed job (`lint --group ranks`): a finding that appears on many ranks' traces is
+reported once, "on K of N ranks", with the spread of its impact and the ranks where it is missing; the job
+summary gives the step time per rank, so that a straggler shows."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attntrace.lint import TraceReport
+    from attntrace.model import Trace
+
+RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
+SLOWEST_SHOWN = 3
+
+
+def identity(trace: Trace) -> dict[str, Any]:
+    """Where the trace stands in its job: rank and world size from Kineto's `distributedInfo`, else the rank
+    in the file name (rank3.pt.trace.json), and its step times for the per-rank spread."""
+    info = trace.meta.distributed or {}
+    rank, world_size, source = info.get("rank"), info.get("world_size"), "distributedInfo"
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        match = RANK_IN_NAME.search(PurePath(trace.path).name)
+        rank, source = (int(match.group(1)), "name") if match else (None, None)
+    step_us = trace.step_table["step_us"].to_list() if trace.has_step_markers else []
+    return {"rank": rank, "world_size": world_size if isinstance(world_size, int) else None,
+            "rank_from": source, "step_us": [round(float(us), 3) for us in step_us]}
+
+
+def is_one_job(reports: list[TraceReport]) -> bool:
+    """Two or more traces that each know their rank, with no rank twice and one world size."""
+    ranks = [r.job.get("rank") for r in reports]
+    sizes = {r.job.get("world_size") for r in reports} - {None}
+    return len(reports) >= 2 and None not in ranks and len(set(ranks)) == len(ranks) and len(sizes) <= 1
+
+
+def spans(ranks: list[int]) -> str:
+    """0, 1, 2, 5, 7, 8 as '0-2, 5, 7-8': a list of 1,000 ranks stays readable."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3),
+            "max": round(max(values), 3)}
+
+
+def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, Any]:
+    """The report with findings and skipped rules merged across ranks and a `job` section, when `mode` is
+    "ranks", or "auto" and the traces are one job's ranks; otherwise the report as it is. Traces keep their
+    own entries (each rank's summary stays in the JSON)."""
+    from attntrace.lint import SEVERITY_RANK, TraceReport, sort_key
+
+    reports = [r for r in results if isinstance(r, TraceReport)]
+    if mode == "none" or not reports or (mode == "auto" and not is_one_job(reports)):
+        return report
+    by_order = not is_one_job(reports)
+    rank_of = {r.path: (i if by_order else r.job["rank"]) for i, r in enumerate(reports)}
+    all_ranks = sorted(rank_of.values())
+
+    members: dict[str, list[dict[str, Any]]] = {}
+    for finding in report["findings"]:
+        members.setdefault(finding["fingerprint"], []).append(finding)
+    findings = []
+    for same in members.values():
+        same.sort(key=lambda f: rank_of[f["trace"]])
+        on = sorted({rank_of[f["trace"]] for f in same})
+        missing = sorted(set(all_ranks) - set(on))
+        impact_us = [f["impact"]["gpu_us_per_step"] for f in same]
+        shares = [f["impact"]["share_of_step"] for f in same]
+        worst = max(same, key=lambda f: (f["impact"]["gpu_us_per_step"], -rank_of[f["trace"]]))
+        where = f"on {len(on)} of {len(all_ranks)} ranks" + (f" (missing on {spans(missing)})" if missing else "")
+        grouped = {**same[0], "message": f"{same[0]['message']} [{where}]",
+                   "impact": {**same[0]["impact"], "gpu_us_per_step": _spread(impact_us)["median"],
+                              "share_of_step": _spread(shares)["median"]},
+                   "ranks": {"on": len(on), "of": len(all_ranks), "missing": missing,
+                             "gpu_us_per_step": _spread(impact_us), "share_of_step": _spread(shares),
+                             "worst_rank": rank_of[worst["trace"]]}}
+        findings.append(grouped)
+    findings.sort(key=sort_key)
+
+    skipped: dict[tuple[str, str], dict[str, Any]] = {}
+    for skip in report["skipped"]:
+        entry = skipped.setdefault((skip["rule"], skip["reason"]), {**skip, "ranks": 0})
+        entry["ranks"] += 1
+
+    per_rank = []
+    for r in reports:
+        steps = r.job.get("step_us") or []
+        per_rank.append({"rank": rank_of[r.path], "trace": r.path, "steps": len(steps),
+                         "step_us": _spread(steps) if steps else None})
+    per_rank.sort(key=lambda row: row["rank"])
+    timed = [row for row in per_rank if row["step_us"]]
+    slowest = sorted(timed, key=lambda row: (-row["step_us"]["median"], row["rank"]))[:SLOWEST_SHOWN]
+    world_sizes = {r.job.get("world_size") for r in reports} - {None}
+    world_size = world_sizes.pop() if len(world_sizes) == 1 else None
+    job = {
+        "ranks": len(all_ranks),
+        "rank_from": "input order" if by_order else sorted({r.job["rank_from"] for r in reports})[0],
+        "world_size": world_size,
+        "ranks_without_trace": (sorted(set(range(world_size)) - set(all_ranks)) if world_size and not by_order
+                                else []),
+        "unreadable": [t["path"] for t in report["traces"] if t["error"]],
+        "step_us": _spread([row["step_us"]["median"] for row in timed]) if timed else None,
+        "slowest_ranks": [{"rank": row["rank"], "trace": row["trace"], "step_us": row["step_us"]["median"]}
+                          for row in slowest],
+        "per_rank": per_rank,
+    }
+    counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITY_RANK}
+    return {**report, "findings": findings, "skipped": list(skipped.values()), "job": job,
+            "summary": {**report["summary"], "findings": counts}}
+
+
+def render_job(job: dict[str, Any]) -> list[str]:
+    """The job summary as text lines, for the terminal report."""
+    lines = [f"job: {job['ranks']} ranks" + (f" of world size {job['world_size']}" if job["world_size"] else "")
+             + f" (rank from {job['rank_from']})"]
+    if job["ranks_without_trace"]:
+        lines.append(f"  ranks without a trace: {spans(job['ranks_without_trace'])}")
+    if job["step_us"]:
+        spread = job["step_us"]
+        lines.append(f"  step time per rank (median of its steps): min {spread['min'] / 1000:.3f} ms, "
+                     f"median {spread['median'] / 1000:.3f} ms, max {spread['max'] / 1000:.3f} ms")
+        slow = ", ".join(f"rank {row['rank']} {row['step_us'] / 1000:.3f} ms" for row in job["slowest_ranks"])
+        lines.append(f"  slowest: {slow}")
+    return lines

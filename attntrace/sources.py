@@ -1,0 +1,148 @@
+"""Traces given as URLs (s3://, gs://, az://, http(s)://, file://), read through fsspec: listing prefixes and
+globs like directories, and reading one object in a bounded stream. fsspec and its protocol packages are
+optional extras, imported only when a URL is given."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from attntrace.reader import TRACE_SUFFIXES, TraceError
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+_GLOB = re.compile(r"[*?\[]")
+READ_CHUNK_BYTES = 8 << 20  # one request's worth: large enough for object stores, small against --max-size
+
+# The package each protocol needs, and the extra that installs it.
+EXTRA_OF = {
+    "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
+    "adl": "azure", "http": "remote", "https": "remote",
+}
+# Environment variables whose values are secrets: scrubbed from any message a backend puts in an error.
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AZURE_STORAGE_KEY",
+                    "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING",
+                    "AZURE_CLIENT_SECRET", "GOOGLE_OAUTH_ACCESS_TOKEN")
+
+
+def is_url(path: str) -> bool:
+    return bool(_URL.match(path))
+
+
+def shown(url: str) -> str:
+    """The URL as it may be printed: without a password. (A query string stays: it is part of what names the
+    object, and the user typed it.)"""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    if parts.username:
+        netloc = f"{parts.username}:***@{netloc}"
+    return urlunsplit((parts.scheme, netloc or parts.netloc, parts.path, parts.query, parts.fragment))
+
+
+def scrub(message: str, url: str = "") -> str:
+    """One line of a backend's error, with any secret it might echo (from the environment or the URL) removed."""
+    line = (message.strip().splitlines() or [""])[0]
+    secrets = [os.environ.get(name, "") for name in SECRET_VARIABLES]
+    if url:
+        parts = urlsplit(url)
+        secrets.append(parts.password or "")
+        line = line.replace(url, shown(url))
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        line = line.replace(secret, "***")
+    return line[:300]
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    protocol = url.split("://", 1)[0].lower()
+    extra = EXTRA_OF.get(protocol, "remote")
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise TraceError("unsupported", f"reading URLs needs fsspec: pip install 'attntrace[{extra}]'") from exc
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise TraceError("unsupported", f"{protocol}:// needs a package that is not installed "
+                         f"({scrub(str(exc))}): pip install 'attntrace[{extra}]'") from exc
+    except ValueError as exc:
+        raise TraceError("unsupported", f"{protocol}:// is not a protocol fsspec knows ({scrub(str(exc), url)})") \
+            from exc
+
+
+def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
+    """A backend's exception as a one-line TraceError; the caller names the URL."""
+    if isinstance(exc, TraceError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return TraceError("not-found", "no such object, bucket or prefix")
+    if isinstance(exc, PermissionError):
+        return TraceError("denied", f"access denied while {doing} (check the backend's credentials: "
+                          "environment variables or its config file)")
+    if isinstance(exc, IsADirectoryError):
+        return TraceError("unreadable", "is a directory")
+    detail = scrub(str(exc), url) or type(exc).__name__
+    return TraceError("unreadable", f"cannot {doing.removesuffix('ing')} ({type(exc).__name__}: {detail})")
+
+
+def _is_trace_name(path: str) -> bool:
+    return path.endswith(TRACE_SUFFIXES)
+
+
+def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
+    """Expand one URL as `reader.discover` expands a local path: a glob or a prefix ("directory") becomes its
+    trace objects, sorted; yield (url, found under a prefix or glob) or why the URL is unusable."""
+    name = shown(given)
+    if urlsplit(given).password:
+        yield TraceError("unsupported", f"{name}: a password in the URL is refused; give credentials through "
+                         "the backend's environment variables or config file")
+        return
+    try:
+        fs, path = _filesystem(given)
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & {"http", "https"}:
+            # A web server has no listing that fsspec can trust: the URL is one file, read as it is.
+            yield given, False
+            return
+        if _GLOB.search(path):
+            matches = fs.glob(path, detail=True)  # the listing says which are files: no request per match
+            found = sorted(p for p, info in matches.items() if _is_trace_name(p) and info.get("type") == "file")
+            if not found:
+                yield TraceError("not-found", f"{name}: no trace objects (*.json, *.json.gz) match")
+            yield from ((fs.unstrip_protocol(p), True) for p in found)
+            return
+        info = fs.info(path)
+        if info.get("type") != "directory":
+            yield given, False
+            return
+        found = sorted(p for p in fs.find(path) if _is_trace_name(p))
+        if not found:
+            yield TraceError("not-found", f"{name}: no trace objects (*.json, *.json.gz) under this prefix")
+        yield from ((fs.unstrip_protocol(p), True) for p in found)
+    except Exception as exc:  # a backend raises its own types; each becomes that URL's one-line error
+        failure = _failure(exc, given, "listing")
+        yield TraceError(failure.kind, f"{name}: {failure.message}")
+
+
+def read_bytes(url: str, max_bytes: int) -> bytearray:
+    """The object's bytes as they are stored (gzip is handled by the reader, as for a file), read in a
+    stream of bounded requests and refused once they pass max_bytes: a gzip file larger than the limit
+    cannot expand to less than it."""
+    try:
+        fs, path = _filesystem(url)
+        with fs.open(path, "rb", block_size=READ_CHUNK_BYTES, cache_type="none") as fh:
+            size = getattr(fh, "size", None)
+            if isinstance(size, int) and size > max_bytes:
+                raise TraceError("too-large", f"{size} bytes is over the limit of {max_bytes} bytes (--max-size)")
+            data = bytearray()
+            while chunk := fh.read(READ_CHUNK_BYTES):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise TraceError("too-large", f"more than {max_bytes} bytes, the limit (--max-size)")
+        return data
+    except Exception as exc:  # a backend raises its own types; each becomes that URL's one-line error
+        raise _failure(exc, url, "reading") from None

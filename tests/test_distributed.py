@@ -1,0 +1,171 @@
+"""`lint --scheduler`: a LocalCluster of 2 worker processes gives the local run's report byte for byte; a worker
+killed mid-run costs nothing when Dask retries the trace, and becomes that trace's one-line error when it cannot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import need, sample
+
+from attntrace import lint as engine
+from attntrace.catalog import load_rules
+from attntrace.cli import main
+from attntrace.distributed import runner
+
+distributed = need("distributed", "dask")
+dask = need("dask", "dask")
+NAMES = ["bf16_causal_fwd/naive", "bf16_causal_fwd/sdpa", "bf16_causal_fwd/sdpa_math", "fp32_causal_fwd/naive"]
+POLL_S, POLL_LIMIT_S = 0.05, 120.0  # how often and how long to wait for the cluster to reach a state
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    for i, name in enumerate(NAMES):
+        shutil.copy(sample(name), tmp_path / f"trace{i}.pt.trace.json.gz")
+    (tmp_path / "notes.json").write_bytes(b'{"not": "a trace"}')  # passed over, as in a local run
+    (tmp_path / "broken.json").write_bytes(b'{"traceEvents": [')  # one-line error, as in a local run
+    return tmp_path
+
+
+def _cluster(**config: Any) -> Any:
+    with dask.config.set(config):
+        return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with _cluster() as local:
+        yield local
+
+
+def _lint(args: list[str]) -> tuple[int, bytes]:
+    result = CliRunner().invoke(main, ["lint", *args, "--format", "json", "--fail-on", "never"])
+    return result.exit_code, result.stdout_bytes
+
+
+def test_a_cluster_gives_the_local_report_byte_for_byte(cluster: Any, traces: Path) -> None:
+    local = _lint([str(traces), "-j", "1"])
+    clustered = _lint([str(traces), "--scheduler", cluster.scheduler_address])
+    assert clustered == local
+    report = orjson.loads(clustered[1])
+    assert [Path(t["path"]).name for t in report["traces"]] == ["broken.json", *(f"trace{i}.pt.trace.json.gz"
+                                                                                 for i in range(4))]
+    assert report["findings"] and clustered[0] == 2  # the broken trace is an error, the others are analysed
+
+
+def test_standard_input_is_read_by_the_client(cluster: Any, traces: Path) -> None:
+    data = Path(sample("bf16_causal_fwd/naive")).read_bytes()
+    args = ["lint", "-", str(traces / "trace1.pt.trace.json.gz"), "--format", "json", "--fail-on", "never"]
+    local = CliRunner().invoke(main, [*args, "-j", "1"], input=data)
+    clustered = CliRunner().invoke(main, [*args, "--scheduler", cluster.scheduler_address], input=data)
+    assert clustered.stdout_bytes == local.stdout_bytes
+    first = orjson.loads(clustered.stdout_bytes)["traces"][0]
+    assert first["path"] == "-" and first["error"] is None
+
+
+def test_local_n_starts_its_own_cluster_with_the_same_output(traces: Path) -> None:
+    args = [sys.executable, "-m", "attntrace", "lint", str(traces), "--format", "json", "--fail-on", "never"]
+    local = subprocess.run([*args, "-j", "1"], capture_output=True, check=False)
+    clustered = subprocess.run([*args, "--scheduler", "local:2"], capture_output=True, check=False)
+    assert clustered.stdout == local.stdout and clustered.returncode == local.returncode == 2
+    # The broken trace's one line, and no Dask log lines:
+    assert clustered.stderr == local.stderr, clustered.stderr.decode()
+
+
+def test_a_bad_or_unreachable_scheduler_is_one_line(traces: Path) -> None:
+    bad = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(traces), "--scheduler", "localhost"],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "is not a scheduler: give tcp://HOST:PORT" in bad.stderr
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
+    gone = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(traces), "--scheduler",
+                           "tcp://127.0.0.1:1"], capture_output=True, text=True, check=False, env=env)
+    assert gone.returncode == 2
+    assert gone.stderr.splitlines()[-1].startswith("Error: tcp://127.0.0.1:1: cannot reach the Dask scheduler")
+    assert "Traceback" not in gone.stderr
+
+
+def _wait_for(condition: Any, what: str) -> Any:
+    deadline = time.monotonic() + POLL_LIMIT_S
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(POLL_S)
+    pytest.fail(f"the cluster never reached the state: {what}")
+
+
+def _worker_blocked_on_fifo(client: Any) -> int | None:
+    """The pid of the worker whose task is blocked opening the FIFO (the kernel's wait_for_partner)."""
+    for pid in client.run(os.getpid).values():
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                if (task / "wchan").read_text().strip() == "wait_for_partner":
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _gone(client: Any, pid: int) -> bool:
+    try:
+        return pid not in client.run(os.getpid).values()
+    except OSError:  # the scheduler still lists the dead worker, and cannot reach it
+        return False
+
+
+def _kill_mid_run(cluster: Any, traces: Path, before_kill: Any) -> dict[str, Any]:
+    """Lint `traces` on the cluster, where the last trace is a FIFO that blocks its worker; once every other
+    trace is done, kill that worker with SIGKILL (after `before_kill`), and return the report."""
+    fifo = traces / "trace9.pt.trace.json.gz"
+    os.mkfifo(fifo)
+    settings = engine.default_settings(load_rules())
+    result: dict[str, Any] = {}
+    work = threading.Thread(target=lambda: result.update(
+        engine.run([str(traces)], settings, runner=runner(cluster.scheduler_address))))
+    work.start()
+    with distributed.Client(cluster.scheduler_address) as watcher:
+        def only_the_fifo_left() -> int | None:
+            busy = [k for keys in watcher.processing().values() for k in keys if str(k).startswith("attntrace-")]
+            return _worker_blocked_on_fifo(watcher) if len(busy) == 1 else None
+
+        pid = _wait_for(only_the_fifo_left, "every trace done but the FIFO, whose worker is blocked on it")
+        before_kill(fifo)
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: _gone(watcher, pid), "the killed worker gone from the cluster")
+    work.join(timeout=POLL_LIMIT_S)
+    assert not work.is_alive()
+    return result
+
+
+def test_a_worker_killed_mid_run_is_retried_without_duplicate_reports(cluster: Any, traces: Path,
+                                                                       tmp_path_factory: Any) -> None:
+    real = tmp_path_factory.mktemp("real") / "trace9.pt.trace.json.gz"
+    shutil.copy(sample("bf16_causal_fwd/flex"), real)
+    # The killed worker stays blocked on the FIFO's inode; Dask's retry opens the path anew and finds a trace.
+    report = _kill_mid_run(cluster, traces, lambda fifo: os.replace(real, fifo))
+    expected = engine.run([str(traces)], engine.default_settings(load_rules()))
+    assert orjson.dumps(report) == orjson.dumps(expected)
+    assert len(report["traces"]) == 6 and report["summary"]["errors"] == 1  # broken.json only
+
+
+def test_a_worker_that_dies_on_a_trace_is_that_traces_one_line_error(traces: Path) -> None:
+    # No retry allowed: the trace whose worker died is reported as lost, and all the others as usual.
+    with _cluster(**{"distributed.scheduler.allowed-failures": 0}) as strict:
+        report = _kill_mid_run(strict, traces, lambda fifo: None)
+    lost = report["traces"][-1]
+    assert lost["path"].endswith("trace9.pt.trace.json.gz")
+    assert lost["error"] == {"kind": "worker-lost", "message": "the Dask worker analysing this trace died (out of "
+                                                               "memory, or killed); the other traces were analysed"}
+    assert [t["error"] is None for t in report["traces"]] == [False, True, True, True, True, False]
