@@ -516,8 +516,37 @@ def _decode_tolerant(path: str, data: bytes) -> RawTrace:
     try:
         document = _ANY.decode(data)
     except msgspec.DecodeError as exc:
+        if "out of range" in str(exc):
+            return _decode_out_of_range(path, data)
         raise TraceError("not-json", _json_problem(exc)) from exc
     return _from_builtins(path, len(data), document)
+
+
+# A number with an exponent too large for a float (1e999): JSON allows it, msgspec refuses it.
+_HUGE_NUMBER = re.compile(rb"(?<=[:,\[])(\s*)(-?\d+(?:\.\d+)?[eE]\+?\d{3,})(?=\s*[,}\]])")
+
+
+def _decode_out_of_range(path: str, data: bytes) -> RawTrace:
+    """Read numbers beyond a float's range as missing values (null) and count them."""
+    count = 0
+
+    def missing(match: re.Match[bytes]) -> bytes:
+        nonlocal count
+        if math.isfinite(float(match.group(2))):
+            return match.group(0)
+        count += 1
+        return match.group(1) + b"null"
+
+    cleaned = _HUGE_NUMBER.sub(missing, data)
+    if not count:
+        raise TraceError("not-json", "a number is out of range (beyond a 64-bit float)")
+    try:
+        document = _ANY.decode(cleaned)
+    except msgspec.DecodeError as exc:
+        raise TraceError("not-json", _json_problem(exc)) from exc
+    raw = _from_builtins(path, len(data), document)
+    raw.notes.append(f"{count} number(s) beyond a 64-bit float read as missing")
+    return raw
 
 
 NONSTANDARD_MAX_BYTES = 256 << 20  # the standard library's json needs several times the file in memory
