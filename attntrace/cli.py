@@ -62,6 +62,19 @@ def write_atomic(target: str, data: bytes) -> None:
         raise
 
 
+def _escaped(value: Any) -> Any:
+    """A result with undecodable file-name bytes in its strings escaped, so that every format can encode it."""
+    from attntrace.loading import display_path
+
+    if isinstance(value, str):
+        return display_path(value)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value
+
+
 def _shown(text: str) -> str:
     """A path or message as one printable line: undecodable bytes and control characters escaped."""
     from attntrace.loading import display_path
@@ -154,7 +167,7 @@ def _summarize_path(path: str, options: Any) -> dict[str, Any]:
     from attntrace.summary import summarize
 
     trace = load(path, options)
-    return {"path": path, **summarize(trace)}
+    return {"path": trace.path, **summarize(trace)}
 
 
 @main.command()
@@ -437,7 +450,7 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     for path in (base, new):
         if not Path(path).exists():
             raise click.ClickException(f"{path}: no such file or directory")
-    result = differ.compare(base, new, fail_over)
+    result = _escaped(differ.compare(base, new, fail_over))
     for c in result["comparisons"]:
         for line in c["errors"]:
             _error(line)
