@@ -139,14 +139,23 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
-            _quiet_stdout()
-            sys.exit(EXIT_BROKEN_PIPE)
         except OSError as exc:
-            if exc.errno != errno.EPIPE:
+            if exc.errno != errno.EPIPE or not _stdout_closed():
                 raise
             _quiet_stdout()
             sys.exit(EXIT_BROKEN_PIPE)
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a pipe reports an error on its write end then)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _quiet_stdout() -> None:

@@ -102,11 +102,16 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
     the rest go on in a fresh pool."""
     start = 0
     while start < len(todo):
-        pool = _pool(min(jobs, len(todo) - start), jobs)
+        try:
+            pool = _pool(min(jobs, len(todo) - start), jobs)
+            futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
+        except (OSError, NotImplementedError):
+            # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
+            yield from (guarded(path, work) for path in todo[start:])
+            return
         broke_at = None
         finished = False
         try:
-            futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
             for offset, future in enumerate(futures):
                 try:
                     result = future.result()
@@ -128,9 +133,13 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
 
 def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
     """One trace in a worker of its own: its result, or its error when that worker dies too."""
-    pool = _pool(1, jobs)
     try:
-        return pool.submit(_call, (path, work)).result()
+        pool = _pool(1, jobs)
+        future = pool.submit(_call, (path, work))
+    except (OSError, NotImplementedError):  # no worker processes any more: analyse it here
+        return guarded(path, work)
+    try:
+        return future.result()
     except BrokenProcessPool:
         return InputError(display_path(path), "too-large", OUT_OF_MEMORY)
     finally:
