@@ -24,6 +24,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SAMPLES, sample
+from test_hostile import run_measured
 
 from attntrace import loading, reader
 from attntrace.cli import main
@@ -413,11 +414,9 @@ def test_large_file_is_refused_before_it_is_read(tmp_path: Path):
     sparse = tmp_path / "huge.json"
     with sparse.open("wb") as fh:
         fh.truncate(3 * 2**30)  # 3 GiB of holes: reading it would take 3 GiB of memory
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run([*CLI, "lint", str(sparse), "--max-size", "1M"], capture_output=True, cwd=ROOT)
-    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    assert done.returncode == 2 and b"over the limit of 1048576 bytes" in done.stderr
-    assert peak_mib < 1024, (before, peak_mib)  # the child's own peak: far below the 3 GiB a read would need
+    code, stderr, peak_mib = run_measured("lint", str(sparse), "--max-size", "1M")
+    assert code == 2 and "over the limit of 1048576 bytes" in stderr
+    assert 0 < peak_mib < 1024  # the child's own peak: far below the 3 GiB a read would need
 
 
 def test_stdin_twice_is_refused():
