@@ -457,8 +457,12 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     from attntrace import diff as differ
 
     for path in (base, new):
-        if not Path(path).exists():
-            raise click.ClickException(f"{path}: no such file or directory")
+        try:
+            missing = not Path(path).exists()
+        except OSError as exc:  # a parent directory that cannot be searched
+            raise click.ClickException(f"{_shown(path)}: {exc.strerror or exc}") from exc
+        if missing:
+            raise click.ClickException(f"{_shown(path)}: no such file or directory")
     result = _escaped(differ.compare(base, new, fail_over))
     for c in result["comparisons"]:
         for line in c["errors"]:

@@ -222,8 +222,14 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                         raise TraceError("too-large", f"{info.st_size} bytes is over the limit of {max_bytes} "
                                          "bytes (--max-size)")
                     data = bytearray(info.st_size)
-                    read = fh.readinto(data)
-                    if read < len(data):
+                    view, read = memoryview(data), 0
+                    while read < len(data):  # one read() returns at most ~2 GiB
+                        got = fh.readinto(view[read:])
+                        if not got:
+                            break
+                        read += got
+                    view.release()
+                    if read < len(data):  # the file shrank since fstat
                         del data[read:]
                 else:
                     data = _read_stream(fh, max_bytes)

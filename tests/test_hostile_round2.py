@@ -341,6 +341,27 @@ def test_ctrl_c_exits_130_quietly(tmp_path: Path):
     assert err == b"" and out == b""
 
 
+def test_ctrl_c_with_workers_running_exits_130_and_leaves_no_worker(tmp_path: Path):
+    fifo = tmp_path / "a-stream.json"
+    os.mkfifo(fifo)
+    small_trace(tmp_path / "b.json")
+    # A new session, signalled as a whole, as the terminal signals the foreground process group on Ctrl-C.
+    process = subprocess.Popen([*CLI, "lint", "-j2", str(fifo), str(tmp_path / "b.json")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    writer = _wait_for_reader(fifo)  # a worker is now analysing the FIFO
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        os.close(writer)
+    assert process.returncode == 130
+    assert err == b"" and out == b""
+    if shutil.which("ps"):  # no worker of the session is left running (a zombie, already dead, may linger)
+        left = subprocess.run(["ps", "-o", "stat=,args=", "-g", str(process.pid)], capture_output=True,
+                              text=True).stdout.splitlines()
+        assert [line for line in left if not line.strip().startswith("Z")] == []
+
+
 def test_closed_pipe_exits_with_the_status_of_sigpipe():
     process = subprocess.Popen([*CLI, "lint", "--format", "json", "--fail-on", "never", str(SAMPLES)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
