@@ -122,6 +122,12 @@ def selected(token: str, rules: dict[str, Rule]) -> list[str]:
 
 def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, select: list[str],
           ignore: list[str], sets: list[str], fail_on: str | None) -> Settings:
+    for option, tokens in (("--select", select), ("--ignore", ignore)):
+        for token in tokens:
+            try:
+                selected(token, rules)
+            except ValueError as exc:
+                raise ConfigError(f"{option}: {exc}") from exc
     try:
         chosen = select or _as_list(file_config.get("select")) or ["ALL"]
         dropped = ignore or _as_list(file_config.get("ignore"))

@@ -5,6 +5,7 @@ No input can take the others down: an exception becomes that input's error, and 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -85,6 +86,23 @@ def _pool(workers: int, jobs: int) -> ProcessPoolExecutor:
                                initargs=(jobs,))
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Start workers with SIGINT ignored, a disposition they keep through exec, so that Ctrl-C while one is
+    still importing cannot print its traceback. (A blocked mask is not enough: the spawned interpreter gets
+    the signal.) A Ctrl-C in these few milliseconds is lost; any later one stops the run. Only the main
+    thread may set handlers; elsewhere this does nothing."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Shut a pool down now: on Ctrl-C or a dead worker nobody waits for the traces still in flight."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
@@ -103,8 +121,9 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
     start = 0
     while start < len(todo):
         try:
-            pool = _pool(min(jobs, len(todo) - start), jobs)
-            futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
+            with _sigint_blocked():
+                pool = _pool(min(jobs, len(todo) - start), jobs)
+                futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
         except (OSError, NotImplementedError):
             # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
             yield from (guarded(path, work) for path in todo[start:])
@@ -134,8 +153,9 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
 def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
     """One trace in a worker of its own: its result, or its error when that worker dies too."""
     try:
-        pool = _pool(1, jobs)
-        future = pool.submit(_call, (path, work))
+        with _sigint_blocked():
+            pool = _pool(1, jobs)
+            future = pool.submit(_call, (path, work))
     except (OSError, NotImplementedError):  # no worker processes any more: analyse it here
         return guarded(path, work)
     try:
