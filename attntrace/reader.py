@@ -656,6 +656,8 @@ def _what_is_it(document: dict[str, Any]) -> str:
 CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
 DECODE_FACTOR = 2.5  # memory for events and tables, beyond the bytes themselves, per byte of trace (measured
 # peaks run 2.5-4.5x the trace, bytes included)
+ADDRESS_SPACE_FACTOR = 8.0  # address space the analysis maps per byte of trace (measured: 1.0 GB for 137 MB),
+# which is what a ulimit -v counts: thread arenas and reservations, not only memory touched
 
 
 def available_memory() -> int | None:
@@ -682,19 +684,41 @@ def available_memory() -> int | None:
     return max(0, min(limits)) if limits else None
 
 
+def _address_space_left() -> int | None:
+    """What RLIMIT_AS (ulimit -v) leaves this process, or None without such a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def check_memory(size: int) -> None:
     """Refuse, in one line, a trace that cannot be decoded in the memory left to this job: running out inside
     polars or msgspec aborts the process instead of raising MemoryError."""
     available = available_memory()
-    if available is None:
-        return
-    share = available // max(1, CONCURRENT_JOBS)
-    needed = int(size * DECODE_FACTOR)
-    if needed > share:
-        gib = 2**30
-        each = f" for each of {CONCURRENT_JOBS} jobs" if CONCURRENT_JOBS > 1 else ""
-        raise TraceError("too-large", f"needs about {needed / gib:.1f} GiB of memory to analyse and "
-                         f"{share / gib:.1f} GiB is available{each}; free memory, use --jobs 1 or split the trace")
+    gib = 2**30
+    if available is not None:
+        share = available // max(1, CONCURRENT_JOBS)
+        needed = int(size * DECODE_FACTOR)
+        if needed > share:
+            each = f" for each of {CONCURRENT_JOBS} jobs" if CONCURRENT_JOBS > 1 else ""
+            raise TraceError("too-large", f"needs about {needed / gib:.1f} GiB of memory to analyse and "
+                             f"{share / gib:.1f} GiB is available{each}; free memory, use --jobs 1 or split "
+                             "the trace")
+    own = _address_space_left()  # a ulimit -v binds each process alone, not the jobs together
+    if own is not None and size * ADDRESS_SPACE_FACTOR > own:
+        raise TraceError("too-large", f"needs about {size * ADDRESS_SPACE_FACTOR / gib:.1f} GiB of address space "
+                         f"to analyse and the limit (ulimit -v) leaves {own / gib:.1f} GiB; raise it or split "
+                         "the trace")
 
 
 def read(path: str, options: ReadOptions = ReadOptions()) -> RawTrace:

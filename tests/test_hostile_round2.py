@@ -525,3 +525,22 @@ def test_writes_replace_the_target_and_keep_its_mode(tmp_path: Path):
     assert result.exit_code == 0
     assert orjson.loads(target.read_bytes())["attntrace_baseline"] == 1
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_a_ulimit_on_address_space_is_checked_before_decoding():
+    # In a child: with 200 MiB of address space left, a 100 MB trace (8x that to map) is refused in one line,
+    # and a 1 MB one is not.
+    script = (
+        "import resource\n"
+        "from attntrace import reader\n"
+        "size = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (200 << 20), resource.RLIM_INFINITY))\n"
+        "reader.check_memory(1 << 20)\n"
+        "try:\n"
+        "    reader.check_memory(100 << 20)\n"
+        "except reader.TraceError as exc:\n"
+        "    print(exc.kind, exc.message)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("too-large needs about 0.8 GiB of address space") and "ulimit -v" in done.stdout
+    assert done.stdout.count("\n") == 1
