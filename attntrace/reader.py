@@ -271,8 +271,19 @@ def _read_stream(fh: Any, max_bytes: int) -> bytearray:
         if not piece:
             return data
         data += piece
+        if len(data) == len(piece) and not _may_be_a_trace(piece):
+            return data  # not JSON, gzip or UTF-16 (/dev/zero): the first piece says why, no need for the rest
         if len(data) > max_bytes + (1 << 20) or (len(data) > max_bytes and data[:2] != b"\x1f\x8b"):
             raise TraceError("too-large", f"the stream is over the limit of {max_bytes} bytes (--max-size)")
+
+
+def _may_be_a_trace(head: bytes) -> bool:
+    """Whether a stream's first bytes could begin a trace: gzip, a byte-order mark, or JSON's { or [ after
+    whitespace (all whitespace so far counts as could)."""
+    if head.startswith((b"\x1f\x8b", b"\xef\xbb\xbf", *_UTF16_BOMS, *_UTF32_BOMS)):
+        return True
+    first = _NON_SPACE.search(head)
+    return first is None or head[first.start():first.start() + 1] in (b"{", b"[")
 
 
 def _gunzip(data: bytearray, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:

@@ -544,3 +544,11 @@ def test_a_ulimit_on_address_space_is_checked_before_decoding():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("too-large needs about 0.8 GiB of address space") and "ulimit -v" in done.stdout
     assert done.stdout.count("\n") == 1
+
+
+def test_endless_stream_of_non_json_stops_after_its_first_piece():
+    # /dev/zero on stdin: refused from its first MiB, not read up to the memory available.
+    done = subprocess.run([*CLI, "lint", "-"], stdin=open("/dev/zero", "rb"), capture_output=True, cwd=ROOT)
+    assert done.returncode == 2 and b"not a JSON object or list (starts with b'\\x00" in done.stderr
+    stream = reader._read_stream(open("/dev/zero", "rb"), 1 << 40)
+    assert len(stream) <= reader.STREAM_CHUNK
