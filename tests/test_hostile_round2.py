@@ -548,7 +548,7 @@ def test_a_ulimit_on_address_space_is_checked_before_decoding():
 
 def test_endless_stream_of_non_json_stops_after_its_first_piece():
     # /dev/zero on stdin: refused from its first MiB, not read up to the memory available.
-    done = subprocess.run([*CLI, "lint", "-"], stdin=open("/dev/zero", "rb"), capture_output=True, cwd=ROOT)
-    assert done.returncode == 2 and b"not a JSON object or list (starts with b'\\x00" in done.stderr
-    stream = reader._read_stream(open("/dev/zero", "rb"), 1 << 40)
-    assert len(stream) <= reader.STREAM_CHUNK
+    with open("/dev/zero", "rb") as zeros:
+        done = subprocess.run([*CLI, "lint", "-"], stdin=zeros, capture_output=True, cwd=ROOT)
+        assert done.returncode == 2 and b"not a JSON object or list (starts with b'\\x00" in done.stderr
+        assert len(reader._read_stream(zeros, 1 << 40)) <= reader.STREAM_CHUNK
