@@ -12,8 +12,6 @@ The Python API (loaded on first use, so that `import attntrace` stays light):
 
 from __future__ import annotations
 
-from typing import Any
-
 __version__ = "0.1.0"
 
 _API = {"summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
@@ -23,7 +21,7 @@ __all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "T
            "lint", "on_trace_ready", "summarize"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # no typing import: Ctrl-C at start-up must land in our handler
     from importlib import import_module
 
     if name == "lint":

@@ -37,10 +37,23 @@ def load(path: str) -> dict[str, dict[str, Any]]:
     if not isinstance(data, dict) or data.get("attntrace_baseline") != VERSION or not isinstance(
             data.get("findings"), list):
         raise BaselineError(f"{path}: not an attntrace baseline (write one with --write-baseline)")
-    try:
-        return {e["fingerprint"]: e for e in data["findings"]}
-    except (TypeError, KeyError) as exc:
-        raise BaselineError(f"{path}: baseline entry without a fingerprint") from exc
+    known: dict[str, dict[str, Any]] = {}
+    for number, entry in enumerate(data["findings"], 1):
+        where = f"{path}: baseline entry {number}"
+        if not isinstance(entry, dict):
+            raise BaselineError(f"{where} must be an object with a fingerprint, not {type(entry).__name__}")
+        if not isinstance(entry.get("fingerprint"), str) or not entry["fingerprint"]:
+            raise BaselineError(f"{where}: 'fingerprint' must be a string, not {_kind(entry.get('fingerprint'))}")
+        for key in ("trace", "rule", "message"):
+            if key in entry and not isinstance(entry[key], str):
+                raise BaselineError(f"{where}: '{key}' must be a string, not {_kind(entry[key])}")
+        known[entry["fingerprint"]] = entry
+    return known
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else {"dict": "an object", "list": "a list"}.get(
+        type(value).__name__, f"the {type(value).__name__} {value!r}")
 
 
 def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -> None:

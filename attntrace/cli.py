@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import os
+import signal
 import sys
 from dataclasses import asdict
 from functools import partial
@@ -20,16 +23,63 @@ from attntrace.loading import SKIPPED, InputError, load, map_inputs
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a process stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # and for one whose reader went away (| head -1)
+
+
 def _emit(text: str | bytes, output: str | None) -> None:
-    data = text.encode() if isinstance(text, str) else text
+    data = text.encode("utf-8", "backslashreplace") if isinstance(text, str) else text
     if output in (None, "-"):
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
     try:
-        Path(output).write_bytes(data)
+        write_atomic(output, data)
     except OSError as exc:
-        raise click.ClickException(f"{output}: cannot write output ({exc.strerror or exc})") from exc
+        raise click.ClickException(f"{_shown(output)}: cannot write output ({exc.strerror or exc})") from exc
+
+
+def write_atomic(target: str, data: bytes) -> None:
+    """Write to a temporary file beside the target, then rename it over the target: a write that fails half
+    way (disk full, ulimit -f) leaves the old file whole, and two runs never interleave in one file."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(target))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if os.path.exists(target):
+            os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _escaped(value: Any) -> Any:
+    """A result with undecodable file-name bytes in its strings escaped, so that every format can encode it."""
+    from attntrace.loading import display_path
+
+    if isinstance(value, str):
+        return display_path(value)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value
+
+
+def _shown(text: str) -> str:
+    """A path or message as one printable line: undecodable bytes and control characters escaped."""
+    from attntrace.loading import display_path
+
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in display_path(text))
 
 
 class ByteSize(click.ParamType):
@@ -42,9 +92,12 @@ class ByteSize(click.ParamType):
         text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
         unit = text[-1:] if text[-1:] in self.UNITS and text[-1:] else ""
         try:
-            return int(float(text[: len(text) - len(unit)]) * self.UNITS[unit])
-        except ValueError:
+            size = int(float(text[: len(text) - len(unit)]) * self.UNITS[unit])
+        except (ValueError, OverflowError):
             self.fail(f"{value!r} is not a size such as 512M or 16G", param, ctx)
+        if size <= 0:
+            self.fail(f"{value!r}: the size must be more than 0", param, ctx)
+        return size
 
 
 def _read_options(max_size: int | None, salvage: bool) -> Any:
@@ -70,7 +123,7 @@ def read_options(command: Any) -> Any:
 
 
 def _error(line: str) -> None:
-    click.echo(f"error: {line}", err=True)
+    click.echo(f"error: {_shown(line)}", err=True)
 
 
 class _Group(click.Group):
@@ -78,6 +131,38 @@ class _Group(click.Group):
         # click's own usage errors already exit 2; ClickException defaults to 1, which means "findings" here.
         click.ClickException.exit_code = EXIT_ERROR
         return super().main(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # click turns Ctrl-C into "Aborted!" and exit 1, which CI reads as findings, and a closed pipe into
+        # exit 1 too; answer both as the Unix tools do.
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+        except OSError as exc:
+            if exc.errno != errno.EPIPE or not _stdout_closed():
+                raise
+            _quiet_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a pipe reports an error on its write end then)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the flush at exit does not raise again on the closed pipe."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,7 +176,7 @@ def _summarize_path(path: str, options: Any) -> dict[str, Any]:
     from attntrace.summary import summarize
 
     trace = load(path, options)
-    return {"path": path, **summarize(trace)}
+    return {"path": trace.path, **summarize(trace)}
 
 
 @main.command()
@@ -404,9 +489,15 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     from attntrace.sources import is_url
 
     for path in (base, new):
-        if not is_url(path) and not Path(path).exists():
-            raise click.ClickException(f"{path}: no such file or directory")
-    result = differ.compare(base, new, fail_over)
+        if is_url(path):
+            continue
+        try:
+            missing = not Path(path).exists()
+        except OSError as exc:  # a parent directory that cannot be searched
+            raise click.ClickException(f"{_shown(path)}: {exc.strerror or exc}") from exc
+        if missing:
+            raise click.ClickException(f"{_shown(path)}: no such file or directory")
+    result = _escaped(differ.compare(base, new, fail_over))
     for c in result["comparisons"]:
         for line in c["errors"]:
             _error(line)

@@ -11,12 +11,13 @@ then each rule's defaults.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attntrace.catalog import Rule, resolve
+from attntrace.catalog import SEVERITIES, Rule, resolve
 
 FAIL_ON = ("error", "warning", "info", "never")
 
@@ -42,25 +43,100 @@ def find_pyproject(start: Path) -> Path | None:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
+    """The [tool.attntrace] table of a pyproject.toml (or the whole of another TOML file), checked against
+    the shape settings take, so that a wrong one is one line naming the file and key before any analysis."""
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read settings ({exc.strerror or exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from exc
     if path.name == "pyproject.toml" or "tool" in data:
-        data = data.get("tool", {}).get("attntrace", {})
+        tool = data.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{path}: 'tool' must be a table, not {_kind(tool)}")
+        data = tool.get("attntrace", {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: 'tool.attntrace' must be a table, not {_kind(data)}")
+        prefix = "tool.attntrace."
+    else:
+        prefix = ""
+    validate(data, str(path), prefix)
     return data
+
+
+KEYS = ("select", "ignore", "fail-on", "fail_on", "rules")
+
+
+def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:
+    """Check the shape of the settings (not the rule ids, which build() checks against the catalogue)."""
+    def wrong(key: str, expected: str, value: Any) -> ConfigError:
+        return ConfigError(f"{source}: '{prefix}{key}' must be {expected}, not {_kind(value)}")
+
+    for key, value in data.items():
+        if key not in KEYS:
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known: select, ignore, fail-on, rules)")
+        if key in ("select", "ignore"):
+            if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+                raise wrong(key, "a list of rule ids, names or prefixes", value)
+        elif key in ("fail-on", "fail_on"):
+            if not isinstance(value, str) or value not in FAIL_ON:
+                raise wrong(key, f"one of {', '.join(FAIL_ON)}", value)
+        elif key == "rules":
+            if not isinstance(value, dict):
+                raise wrong(key, "a table of rules ([tool.attntrace.rules.AT101])", value)
+            for rule, overrides in value.items():
+                if not isinstance(overrides, dict):
+                    raise wrong(f"rules.{rule}", "a table of parameters (e.g. min_bytes = 4194304)", overrides)
+                severity = overrides.get("severity")
+                if severity is not None and severity not in SEVERITIES:
+                    raise wrong(f"rules.{rule}.severity", f"one of {', '.join(SEVERITIES)}", severity)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    return {"dict": "a table", "list": "a list"}.get(type(value).__name__, type(value).__name__)
+
+
+# An id or id prefix (AT1, AT101); anything else must be a rule's name or ALL.
+_ID_PREFIX = re.compile(r"^AT\d{0,3}$", re.IGNORECASE)
+
+
+def selected(token: str, rules: dict[str, Rule]) -> list[str]:
+    """The rules a --select/--ignore token names; an unknown id, name or prefix is an error, as in ruff (a stray
+    letter must not match every rule)."""
+    text = token.strip()
+    if text.upper() != "ALL" and not _ID_PREFIX.match(text) and text.lower() not in {r.name for r in rules.values()}:
+        raise ValueError(f"unknown rule {text!r} (rule ids look like AT101 or a prefix such as AT1; "
+                         "attntrace rules lists them)")
+    return resolve(text, rules)
 
 
 def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, select: list[str],
           ignore: list[str], sets: list[str], fail_on: str | None) -> Settings:
+    for option, tokens in (("--select", select), ("--ignore", ignore)):
+        for token in tokens:
+            try:
+                selected(token, rules)
+            except ValueError as exc:
+                raise ConfigError(f"{option}: {exc}") from exc
     try:
         chosen = select or _as_list(file_config.get("select")) or ["ALL"]
         dropped = ignore or _as_list(file_config.get("ignore"))
-        enabled = {rid for token in chosen for rid in resolve(token, rules)}
-        enabled -= {rid for token in dropped for rid in resolve(token, rules)}
+        enabled = {rid for token in chosen for rid in selected(token, rules)}
+        enabled -= {rid for token in dropped for rid in selected(token, rules)}
         params = {rid: {p.name: p.default for p in r.parameters.values()} for rid, r in rules.items()}
         for rid, overrides in (file_config.get("rules") or {}).items():
+            if not isinstance(overrides, dict):
+                raise ValueError(f"rules.{rid} must be a table of parameters, not {_kind(overrides)}")
             for name, value in overrides.items():
                 if name == "severity":
                     continue
@@ -73,6 +149,9 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
             params[_one(rid, rules)][name] = rules[_one(rid, rules)].coerce(name, value)
         severity = {_one(rid, rules): str(o["severity"]) for rid, o in (file_config.get("rules") or {}).items()
                     if "severity" in o}
+        for rid, level in severity.items():
+            if level not in SEVERITIES:
+                raise ValueError(f"rules.{rid}.severity must be one of {', '.join(SEVERITIES)}, not {level!r}")
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
     level = fail_on or file_config.get("fail-on") or file_config.get("fail_on") or "warning"
@@ -93,4 +172,6 @@ def _as_list(value: Any) -> list[str]:
         return []
     if isinstance(value, str):
         return [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise ValueError(f"select and ignore take a list of rule ids, not {_kind(value)}")
     return [str(v) for v in value]

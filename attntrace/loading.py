@@ -1,10 +1,15 @@
-"""Turn the paths a user gave into analysed traces or one-line errors, keeping their order."""
+"""Turn the paths a user gave into analysed traces or one-line errors, keeping their order.
+
+No input can take the others down: an exception becomes that input's error, and a worker process that dies
+(the OOM killer, a signal) becomes the error of the trace it was analysing while the rest are reported."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import ExitStack
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, TypeVar
@@ -14,6 +19,8 @@ from attntrace.reader import TraceError
 
 T = TypeVar("T")
 SKIPPED = "skipped"  # the kind of an InputError that is a note, not a failure
+OUT_OF_MEMORY = ("out of memory while analysing (the worker was killed); raise the memory, use --jobs 1 or split "
+                 "the trace")
 
 
 @dataclass(frozen=True)
@@ -26,27 +33,137 @@ class InputError:
         return f"{self.path}: {self.message}"
 
 
+def display_path(path: str) -> str:
+    """A path as reports show it: bytes of the file name that are not UTF-8 (kept by Python as lone
+    surrogates, which no encoder accepts) as \\xNN escapes."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        pass
+    try:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
-    return model.build(reader.read(path, options))
+    raw = reader.read(path, options)
+    raw.path = display_path(path)
+    return model.build(raw)
 
 
 def guarded(path: str, work: Callable[[str], T]) -> T | InputError:
     """Run `work` on one input; any failure becomes a one-line error for that input alone."""
+    shown = display_path(path)
     try:
         return work(path)
     except TraceError as exc:
-        return InputError(path, exc.kind, exc.message)
+        return InputError(shown, exc.kind, exc.message)
     except MemoryError:
-        return InputError(path, "too-large", "out of memory while reading; raise the memory or split the trace")
+        return InputError(shown, "too-large", "out of memory while reading; raise the memory or split the trace")
     except RecursionError:
-        return InputError(path, "not-a-trace", "JSON nested too deeply")
+        return InputError(shown, "not-a-trace", "JSON nested too deeply")
     except Exception as exc:  # a bug in attntrace must not hide the other inputs' results
-        return InputError(path, "internal", f"internal error ({type(exc).__name__}: {exc}); please report it")
+        detail = " ".join(str(exc).split())
+        return InputError(shown, "internal", f"internal error ({type(exc).__name__}: {detail}); please report it")
 
 
 def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
     path, work = args
     return guarded(path, work)
+
+
+def _init_worker(jobs: int) -> None:
+    # Ctrl-C reaches the whole process group: the parent answers it, the workers just stop with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reader.CONCURRENT_JOBS = jobs
+
+
+def _pool(workers: int, jobs: int) -> ProcessPoolExecutor:
+    # spawn, not fork: polars' thread pool does not survive a fork.
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                               initargs=(jobs,))
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Start workers with SIGINT ignored, a disposition they keep through exec, so that Ctrl-C while one is
+    still importing cannot print its traceback. (A blocked mask is not enough: the spawned interpreter gets
+    the signal.) A Ctrl-C in these few milliseconds is lost; any later one stops the run. Only the main
+    thread may set handlers; elsewhere this does nothing."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Shut a pool down now: on Ctrl-C or a dead worker nobody waits for the traces still in flight."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+
+
+def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T | InputError]:
+    """Results in input order, `jobs` at a time. When a worker dies, every trace in flight fails with it; the
+    first unfinished one is then run alone, so that the one that kills its worker is the one reported, and
+    the rest go on in a fresh pool."""
+    start = 0
+    while start < len(todo):
+        try:
+            with _sigint_blocked():
+                pool = _pool(min(jobs, len(todo) - start), jobs)
+                futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
+        except (OSError, NotImplementedError):
+            # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
+            yield from (guarded(path, work) for path in todo[start:])
+            return
+        broke_at = None
+        finished = False
+        try:
+            for offset, future in enumerate(futures):
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    broke_at = start + offset
+                    break
+                yield result
+            finished = True
+        finally:
+            if finished and broke_at is None:
+                pool.shutdown(wait=True)
+            else:  # a dead worker, Ctrl-C, or a caller that stopped reading
+                _stop(pool)
+        if broke_at is None:
+            return
+        yield _alone(todo[broke_at], work, jobs)
+        start = broke_at + 1
+
+
+def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
+    """One trace in a worker of its own: its result, or its error when that worker dies too."""
+    try:
+        with _sigint_blocked():
+            pool = _pool(1, jobs)
+            future = pool.submit(_call, (path, work))
+    except (OSError, NotImplementedError):  # no worker processes any more: analyse it here
+        return guarded(path, work)
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return InputError(display_path(path), "too-large", OUT_OF_MEMORY)
+    finally:
+        _stop(pool)
 
 
 # Runs `work` on every path of a list elsewhere (a cluster), returning one result per path in list order.
@@ -58,26 +175,27 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
     """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time (or by `runner`)."""
     found = list(reader.discover(paths))
     todo = [item[0] for item in found if isinstance(item, tuple)]
-    with ExitStack() as stack:
-        if runner is not None:
-            done: Iterator[T | InputError] = iter(runner(todo, work))
-        elif jobs > 1 and len(todo) > 1 and "-" not in todo:
-            # spawn, not fork: polars' thread pool does not survive a fork.
-            pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
-                                                           mp_context=get_context("spawn")))
-            done = pool.map(_call, [(p, work) for p in todo])
-        else:
-            done = (guarded(p, work) for p in todo)
+    if runner is not None:
+        done: Iterator[T | InputError] = iter(runner(todo, work))
+    elif jobs > 1 and len(todo) > 1 and "-" not in todo:
+        done = _pooled(todo, work, jobs)
+    else:
+        done = (guarded(p, work) for p in todo)
+    try:
         # Results come in input order as each is done, so a caller can show progress.
         for item in found:
             if isinstance(item, TraceError):
-                path, _, message = item.message.partition(": ")
-                yield InputError(path, item.kind, message)
+                yield InputError(display_path(item.path or ""), item.kind, item.message)
                 continue
-            path, in_directory = item
+            _, in_directory = item
             result = next(done)
             if in_directory and isinstance(result, InputError) and result.kind == "not-a-trace":
                 # Other JSON beside the traces (run.json, configs) is passed over, not an error.
-                yield InputError(path, SKIPPED, result.message)
+                yield InputError(result.path, SKIPPED, result.message)
             else:
                 yield result
+    finally:
+        close = getattr(done, "close", None)
+        if close is not None:
+            close()
+

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -41,10 +42,11 @@ DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this
 class TraceError(Exception):
     """An input that cannot be analysed; the message is one line and names no file (the caller does)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, path: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.path = path  # set when the error is about a path other than the one being read
 
 
 NO_VALUE = msgspec.Raw()  # an args field kept raw that the event does not have
@@ -140,53 +142,107 @@ _ANY = msgspec.json.Decoder()
 
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
-    or why the input is unusable."""
+    or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
+    a FIFO or pipe named on the command line is read as a stream."""
+    stdin_seen = False
     from attntrace import sources  # URLs: a small module; fsspec itself is imported only for a URL
 
     for given in paths:
         if given == "-":
-            yield given, False
+            if stdin_seen:
+                yield TraceError("usage", "stdin ('-') can be read only once", path=given)
+            else:
+                stdin_seen = True
+                yield given, False
             continue
         if sources.is_url(given):
             yield from sources.discover(given)
             continue
         path = Path(given)
-        if path.is_dir():
-            found = sorted(_walk_traces(path))
-            if not found:
-                yield TraceError("not-found", f"{given}: no trace files (*.json, *.json.gz) in this directory")
+        try:
+            is_dir = path.is_dir()
+            exists = is_dir or os.path.lexists(path)  # a broken or looping link is named by open()'s own error
+        except OSError as exc:  # a parent directory that cannot be searched
+            yield TraceError("unreadable", exc.strerror or str(exc), path=given)
+            continue
+        if is_dir:
+            found, problems = _walk_traces(path)
+            if not found and not problems:
+                yield TraceError("not-found", "no trace files (*.json, *.json.gz) in this directory", path=given)
             yield from ((p, True) for p in found)
-        elif os.path.lexists(path):  # a broken or looping link is named by open()'s own error
+            yield from problems
+        elif exists:
             yield given, False
         else:
-            yield TraceError("not-found", f"{given}: no such file or directory")
+            yield TraceError("not-found", "no such file or directory", path=given)
 
 
-def _walk_traces(root: Path) -> Iterator[str]:
+def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
+    """The trace files under root, sorted, and the folders that could not be read."""
+    problems: list[TraceError] = []
+
+    def unreadable(exc: OSError) -> None:
+        problems.append(TraceError("unreadable", f"cannot read this directory ({exc.strerror or exc})",
+                                   path=exc.filename or str(root)))
+
+    found: list[str] = []
     # followlinks=False: a symlink loop cannot trap the walk.
-    for folder, dirs, files in os.walk(root, followlinks=False):
+    for folder, dirs, files in os.walk(root, followlinks=False, onerror=unreadable):
         dirs.sort()
         for name in files:
-            if name.endswith(TRACE_SUFFIXES):
-                yield os.path.join(folder, name)
+            if not name.endswith(TRACE_SUFFIXES):
+                continue
+            full = os.path.join(folder, name)
+            try:
+                mode = os.stat(full).st_mode
+            except OSError:
+                found.append(full)  # a dangling link or one we may not stat: open() names the problem
+                continue
+            if stat.S_ISREG(mode):
+                found.append(full)
+    return sorted(found), sorted(problems, key=lambda e: e.path or "")
+
+
+STREAM_CHUNK = 1 << 20
+FIFO_WAIT_S = 10.0  # how long a named FIFO may wait for its writer before it is refused
 
 
 def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> tuple[bytearray, bool]:
     """The file's bytes (a private, mutable copy), gunzipped when they are gzip, refusing more than max_bytes
-    decompressed, and whether the gzip stream was cut off (only returned, not refused, with salvage)."""
+    decompressed, and whether the gzip stream was cut off (only returned, not refused, with salvage).
+
+    A regular file's size is checked before it is read; a stream (stdin, a pipe, a FIFO, process
+    substitution) is read to its end and refused as soon as it passes the limit. A URL is read through
+    attntrace.sources with the same limit."""
     from attntrace import sources
 
     try:
         if path == "-":
-            data = bytearray(sys.stdin.buffer.read())
+            data = _read_stream(sys.stdin.buffer, max_bytes)
         elif sources.is_url(path):
             data = sources.read_bytes(path, max_bytes)
         else:
-            with open(path, "rb") as fh:
-                data = bytearray(os.fstat(fh.fileno()).st_size)
-                read = fh.readinto(data)
-                if read < len(data):
-                    del data[read:]
+            with _open(path) as fh:
+                info = os.fstat(fh.fileno())
+                if stat.S_ISDIR(info.st_mode):
+                    raise TraceError("unreadable", "is a directory")
+                if stat.S_ISREG(info.st_mode):
+                    # gzip a little over the limit may hold less once decompressed, never far less.
+                    if info.st_size > max_bytes + (1 << 20):
+                        raise TraceError("too-large", f"{info.st_size} bytes is over the limit of {max_bytes} "
+                                         "bytes (--max-size)")
+                    data = bytearray(info.st_size)
+                    view, read = memoryview(data), 0
+                    while read < len(data):  # one read() returns at most ~2 GiB
+                        got = fh.readinto(view[read:])
+                        if not got:
+                            break
+                        read += got
+                    view.release()
+                    if read < len(data):  # the file shrank since fstat
+                        del data[read:]
+                else:
+                    data = _read_stream(fh, max_bytes)
     except IsADirectoryError as exc:
         raise TraceError("unreadable", "is a directory") from exc
     except OSError as exc:
@@ -196,6 +252,48 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
     return data, False
+
+
+def _open(path: str) -> Any:
+    """Open for reading without blocking on a FIFO that has no writer yet: wait for one a while, then refuse."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            import select
+
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLHUP)
+            if not poller.poll(int(FIFO_WAIT_S * 1000)):
+                raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_stream(fh: Any, max_bytes: int) -> bytearray:
+    """Read to the end, in bounded pieces. Gzip may be up to the limit compressed; it is bounded again when
+    it is decompressed."""
+    data = bytearray()
+    while True:
+        piece = fh.read(STREAM_CHUNK)
+        if not piece:
+            return data
+        data += piece
+        if len(data) == len(piece) and not _may_be_a_trace(piece):
+            return data  # not JSON, gzip or UTF-16 (/dev/zero): the first piece says why, no need for the rest
+        if len(data) > max_bytes + (1 << 20) or (len(data) > max_bytes and data[:2] != b"\x1f\x8b"):
+            raise TraceError("too-large", f"the stream is over the limit of {max_bytes} bytes (--max-size)")
+
+
+def _may_be_a_trace(head: bytes) -> bool:
+    """Whether a stream's first bytes could begin a trace: gzip, a byte-order mark, or JSON's { or [ after
+    whitespace (all whitespace so far counts as could)."""
+    if head.startswith((b"\x1f\x8b", b"\xef\xbb\xbf", *_UTF16_BOMS, *_UTF32_BOMS)):
+        return True
+    first = _NON_SPACE.search(head)
+    return first is None or head[first.start():first.start() + 1] in (b"{", b"[")
 
 
 def _gunzip(data: bytearray, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:
@@ -215,8 +313,12 @@ def _gunzip(data: bytearray, max_bytes: int, salvage: bool) -> tuple[bytearray, 
                 raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
             pending = decomp.unconsumed_tail
             if decomp.eof and decomp.unused_data:
-                # A second gzip member follows (concatenated gzip files are valid gzip).
                 pending = decomp.unused_data
+                if not pending.startswith(b"\x1f\x8b"):
+                    # Zero padding (tape blocks) or other bytes after the last member: gzip -d and Python's
+                    # gzip ignore them too.
+                    break
+                # A second gzip member follows (concatenated gzip files are valid gzip).
                 decomp = zlib.decompressobj(wbits=47)
     except zlib.error as exc:
         if not (salvage and out):
@@ -237,8 +339,78 @@ def _sniff_json(head: bytes) -> None:
                          f"{body[first.start():first.start() + 12]!r})")
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
+
+
+def _utf16_to_utf8(data: bytes | bytearray) -> bytearray | None:
+    """UTF-16 or UTF-32 text (as Windows tools write it) re-encoded as UTF-8, or None when it is not."""
+    head = bytes(data[:4])
+    if head.startswith(_UTF32_BOMS):
+        codec = "utf-32"
+    elif head.startswith(_UTF16_BOMS):
+        codec = "utf-16"
+    elif len(head) == 4 and head[1:2] == head[3:4] == b"\x00" and head[:1] in b"{[ \t\r\n":
+        codec = "utf-16-le"
+    elif len(head) == 4 and head[0:1] == head[2:3] == b"\x00" and head[1:2] in b"{[ \t\r\n":
+        codec = "utf-16-be"
+    else:
+        return None
+    try:
+        return bytearray(bytes(data).decode(codec).encode("utf-8", "surrogatepass"))
+    except UnicodeError as exc:
+        raise TraceError("not-json", f"{codec.upper()} text that does not decode ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+
+
+# A \uD800-\uDFFF escape: half of a surrogate pair. Alone it is not a character (polars and UTF-8 refuse it).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _replace_lone_surrogates(data: bytearray) -> int:
+    """Replace each \\uD800-\\uDFFF escape that is not half of a pair with \\uFFFD, in place (same length,
+    so offsets stay); return how many. Pairs (emoji) are kept."""
+    count = 0
+    skip_until = -1
+    for match in _SURROGATE.finditer(data):
+        start = match.start()
+        if start < skip_until:
+            continue
+        before = start
+        while before > 0 and data[before - 1] == 0x5C:  # backslashes before this one
+            before -= 1
+        if (start - before) % 2:
+            continue  # an escaped backslash followed by the text "ud800"
+        high = match.group()[3:4].lower() in b"89ab"
+        follower = data[start + 6:start + 12]
+        if high and _SURROGATE.fullmatch(follower) and follower[3:4].lower() in b"cdef":
+            skip_until = start + 12
+            continue
+        data[start:start + 6] = b"\\ufffd"
+        count += 1
+    return count
+
+
 def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrace:
     """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
+    notes: list[str] = []
+    wide = _utf16_to_utf8(data)
+    if wide is not None:
+        data = wide
+        notes.append("read as UTF-16/UTF-32 text")
+    # A backslash first (memchr, ~10 ms for 140 MB): most traces have none, and the regex costs ten times that.
+    if data.find(b"\\") >= 0 and _SURROGATE.search(data):
+        if not isinstance(data, bytearray):
+            data = bytearray(data)
+        fixed = _replace_lone_surrogates(data)
+        if fixed:
+            notes.append(f"{fixed} lone UTF-16 surrogate(s) in strings replaced with U+FFFD")
+    raw = _decode(path, data, salvage)
+    raw.notes[:0] = notes
+    return raw
+
+
+def _decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrace:
     if data[:3] == b"\xef\xbb\xbf":
         if isinstance(data, bytearray):
             data[:3] = b"   "  # our own copy: blank the BOM out rather than copy the rest (offsets stay)
@@ -371,8 +543,37 @@ def _decode_tolerant(path: str, data: bytes) -> RawTrace:
     try:
         document = _ANY.decode(data)
     except msgspec.DecodeError as exc:
+        if "out of range" in str(exc):
+            return _decode_out_of_range(path, data)
         raise TraceError("not-json", _json_problem(exc)) from exc
     return _from_builtins(path, len(data), document)
+
+
+# A number with an exponent too large for a float (1e999): JSON allows it, msgspec refuses it.
+_HUGE_NUMBER = re.compile(rb"(?<=[:,\[])(\s*)(-?\d+(?:\.\d+)?[eE]\+?\d{3,})(?=\s*[,}\]])")
+
+
+def _decode_out_of_range(path: str, data: bytes) -> RawTrace:
+    """Read numbers beyond a float's range as missing values (null) and count them."""
+    count = 0
+
+    def missing(match: re.Match[bytes]) -> bytes:
+        nonlocal count
+        if math.isfinite(float(match.group(2))):
+            return match.group(0)
+        count += 1
+        return match.group(1) + b"null"
+
+    cleaned = _HUGE_NUMBER.sub(missing, data)
+    if not count:
+        raise TraceError("not-json", "a number is out of range (beyond a 64-bit float)")
+    try:
+        document = _ANY.decode(cleaned)
+    except msgspec.DecodeError as exc:
+        raise TraceError("not-json", _json_problem(exc)) from exc
+    raw = _from_builtins(path, len(data), document)
+    raw.notes.append(f"{count} number(s) beyond a 64-bit float read as missing")
+    return raw
 
 
 NONSTANDARD_MAX_BYTES = 256 << 20  # the standard library's json needs several times the file in memory
@@ -473,8 +674,77 @@ def _what_is_it(document: dict[str, Any]) -> str:
     return f"JSON object without traceEvents (keys: {shown})"
 
 
+CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
+DECODE_FACTOR = 2.5  # memory for events and tables, beyond the bytes themselves, per byte of trace (measured
+# peaks run 2.5-4.5x the trace, bytes included)
+ADDRESS_SPACE_FACTOR = 8.0  # address space the analysis maps per byte of trace (measured: 1.0 GB for 137 MB),
+# which is what a ulimit -v counts: thread arenas and reservations, not only memory touched
+
+
+def available_memory() -> int | None:
+    """Bytes that can still be allocated: the least of the system's MemAvailable and the cgroup's headroom;
+    None when neither can be read."""
+    limits: list[int] = []
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            if limit != "max" and int(limit) < 2**60:
+                limits.append(int(limit) - int(Path(usage_file).read_text().strip()))
+                break
+        except (OSError, ValueError):
+            continue
+    return max(0, min(limits)) if limits else None
+
+
+def _address_space_left() -> int | None:
+    """What RLIMIT_AS (ulimit -v) leaves this process, or None without such a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(size: int) -> None:
+    """Refuse, in one line, a trace that cannot be decoded in the memory left to this job: running out inside
+    polars or msgspec aborts the process instead of raising MemoryError."""
+    available = available_memory()
+    gib = 2**30
+    if available is not None:
+        share = available // max(1, CONCURRENT_JOBS)
+        needed = int(size * DECODE_FACTOR)
+        if needed > share:
+            each = f" for each of {CONCURRENT_JOBS} jobs" if CONCURRENT_JOBS > 1 else ""
+            raise TraceError("too-large", f"needs about {needed / gib:.1f} GiB of memory to analyse and "
+                             f"{share / gib:.1f} GiB is available{each}; free memory, use --jobs 1 or split "
+                             "the trace")
+    own = _address_space_left()  # a ulimit -v binds each process alone, not the jobs together
+    if own is not None and size * ADDRESS_SPACE_FACTOR > own:
+        raise TraceError("too-large", f"needs about {size * ADDRESS_SPACE_FACTOR / gib:.1f} GiB of address space "
+                         f"to analyse and the limit (ulimit -v) leaves {own / gib:.1f} GiB; raise it or split "
+                         "the trace")
+
+
 def read(path: str, options: ReadOptions = ReadOptions()) -> RawTrace:
     data, cut = load_bytes(path, options.max_bytes, options.salvage)
+    check_memory(len(data))
     if not cut:
         return decode(path, data, options.salvage)
     try:
@@ -510,12 +780,31 @@ def _salvage(path: str, data: bytes, start: int) -> RawTrace:
             raw = decode(path, data[:cut + 1] + closing)
         except TraceError:
             continue
-        events = len(raw.document.traceEvents)
         raw.incomplete = True
-        raw.notes.append(f"incomplete trace: the file is cut off at byte {len(data)}; "
-                         f"{events} complete events before the cut were analysed")
+        _note_salvaged(raw, len(data))
         return raw
     raise TraceError("truncated", "JSON is cut off and no complete event could be recovered")
+
+
+def _note_salvaged(raw: RawTrace, size: int) -> None:
+    """Say how many events were kept; a large trace decoded piece by piece knows only once it is read."""
+    def note(events: int) -> str:
+        return (f"incomplete trace: the file is cut off at byte {size}; {events} complete events before the cut "
+                "were analysed")
+
+    if raw.chunks is None:
+        raw.notes.append(note(len(raw.document.traceEvents)))
+        return
+    pieces = raw.chunks
+
+    def counted() -> Iterator[list[Event]]:
+        events = 0
+        for piece in pieces():
+            events += len(piece)
+            yield piece
+        raw.notes.append(note(events))
+
+    raw.chunks = counted
 
 
 def decode_raw(raw: msgspec.Raw) -> Any:

@@ -98,8 +98,8 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
     trace objects, sorted; yield (url, found under a prefix or glob) or why the URL is unusable."""
     name = shown(given)
     if urlsplit(given).password:
-        yield TraceError("unsupported", f"{name}: a password in the URL is refused; give credentials through "
-                         "the backend's environment variables or config file")
+        yield TraceError("unsupported", "a password in the URL is refused; give credentials through "
+                         "the backend's environment variables or config file", path=name)
         return
     try:
         fs, path = _filesystem(given)
@@ -112,7 +112,7 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
             matches = fs.glob(path, detail=True)  # the listing says which are files: no request per match
             found = sorted(p for p, info in matches.items() if _is_trace_name(p) and info.get("type") == "file")
             if not found:
-                yield TraceError("not-found", f"{name}: no trace objects (*.json, *.json.gz) match")
+                yield TraceError("not-found", "no trace objects (*.json, *.json.gz) match", path=name)
             yield from ((fs.unstrip_protocol(p), True) for p in found)
             return
         info = fs.info(path)
@@ -121,11 +121,11 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
             return
         found = sorted(p for p in fs.find(path) if _is_trace_name(p))
         if not found:
-            yield TraceError("not-found", f"{name}: no trace objects (*.json, *.json.gz) under this prefix")
+            yield TraceError("not-found", "no trace objects (*.json, *.json.gz) under this prefix", path=name)
         yield from ((fs.unstrip_protocol(p), True) for p in found)
     except Exception as exc:  # a backend raises its own types; each becomes that URL's one-line error
         failure = _failure(exc, given, "listing")
-        yield TraceError(failure.kind, f"{name}: {failure.message}")
+        yield TraceError(failure.kind, failure.message, path=name)
 
 
 def read_bytes(url: str, max_bytes: int) -> bytearray:

@@ -106,12 +106,17 @@ def _wait_for(condition: Any, what: str) -> Any:
     pytest.fail(f"the cluster never reached the state: {what}")
 
 
+# The kernel's wait states of a thread that waits for a FIFO's writer: in open(), or in poll() after a
+# non-blocking open (as attntrace's reader does).
+FIFO_WAITS = ("wait_for_partner", "poll_schedule_timeout", "do_sys_poll", "do_poll")
+
+
 def _worker_blocked_on_fifo(client: Any) -> int | None:
-    """The pid of the worker whose task is blocked opening the FIFO (the kernel's wait_for_partner)."""
+    """The pid of the worker whose task is blocked waiting for the FIFO's writer."""
     for pid in client.run(os.getpid).values():
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                if (task / "wchan").read_text().strip() == "wait_for_partner":
+                if (task / "wchan").read_text().strip().startswith(FIFO_WAITS):
                     return pid
             except OSError:
                 continue
@@ -125,17 +130,30 @@ def _gone(client: Any, pid: int) -> bool:
         return False
 
 
+def _wait_long_for_fifo_writers() -> None:
+    from attntrace import reader
+
+    reader.FIFO_WAIT_S = 600.0  # the test kills the worker long before
+
+
+def _fifo_beside(traces: Path) -> Path:
+    # A directory scan takes regular files only, so the FIFO is named on the command line, after the folder.
+    return traces.parent / f"{traces.name}-fifo" / "trace9.pt.trace.json.gz"
+
+
 def _kill_mid_run(cluster: Any, traces: Path, before_kill: Any) -> dict[str, Any]:
-    """Lint `traces` on the cluster, where the last trace is a FIFO that blocks its worker; once every other
-    trace is done, kill that worker with SIGKILL (after `before_kill`), and return the report."""
-    fifo = traces / "trace9.pt.trace.json.gz"
+    """Lint `traces` and then a FIFO on the cluster; the FIFO blocks its worker; once every other trace is
+    done, kill that worker with SIGKILL (after `before_kill`), and return the report."""
+    fifo = _fifo_beside(traces)
+    fifo.parent.mkdir(exist_ok=True)
     os.mkfifo(fifo)
     settings = engine.default_settings(load_rules())
     result: dict[str, Any] = {}
     work = threading.Thread(target=lambda: result.update(
-        engine.run([str(traces)], settings, runner=runner(cluster.scheduler_address))))
-    work.start()
+        engine.run([str(traces), str(fifo)], settings, runner=runner(cluster.scheduler_address))))
     with distributed.Client(cluster.scheduler_address) as watcher:
+        watcher.run(_wait_long_for_fifo_writers)
+        work.start()
         def only_the_fifo_left() -> int | None:
             busy = [k for keys in watcher.processing().values() for k in keys if str(k).startswith("attntrace-")]
             return _worker_blocked_on_fifo(watcher) if len(busy) == 1 else None
@@ -155,7 +173,7 @@ def test_a_worker_killed_mid_run_is_retried_without_duplicate_reports(cluster: A
     shutil.copy(sample("bf16_causal_fwd/flex"), real)
     # The killed worker stays blocked on the FIFO's inode; Dask's retry opens the path anew and finds a trace.
     report = _kill_mid_run(cluster, traces, lambda fifo: os.replace(real, fifo))
-    expected = engine.run([str(traces)], engine.default_settings(load_rules()))
+    expected = engine.run([str(traces), str(_fifo_beside(traces))], engine.default_settings(load_rules()))
     assert orjson.dumps(report) == orjson.dumps(expected)
     assert len(report["traces"]) == 6 and report["summary"]["errors"] == 1  # broken.json only
 

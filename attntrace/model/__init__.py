@@ -6,6 +6,8 @@ Read by concern: `tables` (events by kind), `optree`, `steps`, `links`, `interva
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from attntrace import taxonomy
@@ -17,11 +19,32 @@ from attntrace.reader import RawTrace
 __all__ = ["Trace", "TraceMeta", "build", "busy_us"]
 
 
+MAX_DUR_US = 1e11  # 28 hours: longer than any profiled span; a larger duration is a broken writer
+
+
+def _clamp_durations(tables: Any) -> int:
+    """Durations past MAX_DUR_US (1e308 in a hand-edited trace) would turn every sum into inf and every share
+    into nan: read them as 0 and count them. The tables keep their rows, so the op args stay aligned."""
+    count = 0
+    for kind in ("ops", "launches", "gpu", "gpu_annotations", "python"):
+        frame = getattr(tables, kind)
+        if "dur" not in frame.columns or not frame.height:
+            continue
+        absurd = ~pl.col("dur").is_finite() | (pl.col("dur") > MAX_DUR_US)
+        bad = frame.select(absurd.sum()).item()
+        if bad:
+            count += bad
+            setattr(tables, kind, frame.with_columns(pl.when(absurd).then(0.0).otherwise(pl.col("dur")).alias("dur"))
+                    .with_columns((pl.col("ts") + pl.col("dur")).alias("end")))
+    return count
+
+
 def build(raw: RawTrace) -> Trace:
     doc = raw.document
     tables = split(raw.event_chunks())
     # Only the ops' args outlive this (for their input fields, decoded on demand); the events can go.
     doc.traceEvents = []
+    clamped = _clamp_durations(tables)
     tax = taxonomy.load()
     gpu = tables.gpu
     names = gpu["name"].unique().to_list()
@@ -40,7 +63,8 @@ def build(raw: RawTrace) -> Trace:
                                                "cupti_version") if getattr(doc, k) is not None},
         distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         dropped_events=raw.dropped_events,
-        notes=list(raw.notes),
+        notes=list(raw.notes) + ([f"{clamped} event(s) with an absurd duration (over {MAX_DUR_US:.0e} us or not "
+                                  "finite) read as 0"] if clamped else []),
         incomplete=raw.incomplete,
     )
     return Trace(path=raw.path, size=raw.size, meta=meta, ops=tables.ops, launches=tables.launches, gpu=gpu,

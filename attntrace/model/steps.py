@@ -76,6 +76,12 @@ def _from_markers(ops: pl.DataFrame, notes: list[str]) -> Steps | None:
     windows = (numbered.select(pl.col("pid").cast(pl.String), "step", "ts", "end")
                .sort(["pid", "step", "ts"]).unique(["pid", "step"], keep="first", maintain_order=True)
                .with_columns(pl.lit(False).alias("capture")).sort(["pid", "ts", "step"]))
+    # A marker inside another one of its process (a nested ProfilerStep) is not a step of its own.
+    nested = pl.col("end") <= pl.col("end").cum_max().shift(1).over("pid")
+    inner = windows.filter(nested.fill_null(False)).height
+    if inner:
+        notes.append(f"{inner} ProfilerStep marker(s) nested in another one ignored")
+        windows = windows.filter(~nested.fill_null(False))
     return Steps(windows.cast(SCHEMA), "markers", "ProfilerStep#N", notes)  # type: ignore[arg-type]
 
 
