@@ -245,7 +245,7 @@ def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrac
         if head == b"[":
             return _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
-            chunked = _chunked(path, data) if isinstance(data, bytearray) and len(data) > CHUNK_BYTES else None
+            chunked = _chunked(path, data) if len(data) > CHUNK_BYTES else None
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
@@ -291,60 +291,76 @@ def _decode_nonfinite(path: str, data: bytes | bytearray, salvage: bool) -> RawT
 
 CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_EVENT_GAP = re.compile(rb"\},(\s)\s*\{")  # between two events: "}," then whitespace then "{"
+# Between two events: "}," then "{", with or without whitespace (Kineto indents, PyTorch's compact layout and
+# most other writers do not).
+_EVENT_GAP = re.compile(rb"\},\s*\{")
 
 
-def _chunked(path: str, data: bytearray) -> RawTrace | None:
+def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     """Set up a piece-by-piece decode of a large object trace, or None to decode it whole.
 
     One pass of msgspec over the document (tokens only, no objects) checks that it is valid JSON, decodes
     the metadata wherever it sits, and gives the event list's exact extent: lists that follow it
     (deviceProperties, MTIA's INFO/ERROR) are not mistaken for its end. The list is then cut where one event
-    ends and the next begins ("},<space>{", as Kineto writes). Each cut turns the comma into "]" and the
-    space into "[", so every piece is a JSON list in place, decoded without a copy. A cut that lands inside
-    an event (a string holding "}, {") shows up as a piece that does not parse; the rest is then decoded in
-    one piece after restoring the bytes."""
+    ends and the next begins ("},{" with or without whitespace); each piece is decoded as a list of its own.
+    A cut that lands inside an event (a string holding "},{") shows up as a piece that does not parse: that
+    piece is then joined to the next one."""
     outline = _OUTLINE.decode(data)
     key = _EVENTS_KEY.search(data)
     if key is None:
         return None
     begin = key.end() - 1  # the "[" of traceEvents
     end = begin + len(outline.traceEvents) - 1
-    if data[end:end + 1] != b"]" or memoryview(data)[begin:end + 1] != memoryview(outline.traceEvents):
-        return None  # the first "traceEvents" key was not the document's own: decode the whole document
+    # The first "traceEvents" key is the document's own when its list is the one msgspec found (a memcmp).
+    if data[end:end + 1] != b"]" or not data.startswith(memoryview(outline.traceEvents), begin):
+        return None
     meta = Document(traceEvents=[], **{name: getattr(outline, name) for name in Metadata.__struct_fields__})
     del outline
-    cuts: list[tuple[int, bytes]] = []  # (position of the comma, the two bytes it replaced)
+    # Piece i holds the events in data[starts[i]:stops[i]], "{" to "}" (a JSON list without its brackets).
+    starts, stops = [begin + 1], []
     pos = begin + CHUNK_BYTES
     while pos < end:
         gap = _EVENT_GAP.search(data, pos, end)
         if gap is None:
             break
-        comma = gap.start() + 1
-        cuts.append((comma, bytes(data[comma:comma + 2])))
-        data[comma:comma + 2] = b"]["
-        pos = comma + CHUNK_BYTES
+        stops.append(gap.start() + 1)
+        starts.append(gap.end() - 1)
+        pos = gap.end() + CHUNK_BYTES
+    stops.append(end)
     raw = RawTrace(path, len(data), meta)
-    raw.chunks = lambda: _decode_pieces(raw, data, begin, end, cuts)
+    pieces = list(zip(starts, stops, strict=True))
+    raw.chunks = lambda: _decode_pieces(raw, data, pieces)
     return raw
 
 
-def _decode_pieces(raw: RawTrace, data: bytearray, begin: int, end: int,
-                   cuts: list[tuple[int, bytes]]) -> Iterator[list[Event]]:
+def _decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]]) -> Iterator[list[Event]]:
+    raw.chunks = None  # read once: the file's buffer goes with the last piece, not with the trace
     view = memoryview(data)
-    starts = [begin] + [comma + 1 for comma, _ in cuts]
-    stops = [comma + 1 for comma, _ in cuts] + [end + 1]
-    for i, (lo, hi) in enumerate(zip(starts, stops, strict=True)):
-        try:
-            yield _decode_piece(raw, view[lo:hi])
-        except msgspec.DecodeError:
-            for comma, original in cuts[i:]:
-                data[comma:comma + 2] = original
-            yield _decode_piece(raw, view[lo:end + 1])  # valid JSON: the outline pass checked it
-            return
+    i = 0
+    while i < len(pieces):
+        lo, hi = pieces[i]
+        j = i
+        while True:
+            piece = bytearray(hi - lo + 2)  # "[" + events + "]": a copy of one piece, so that data stays as it is
+            piece[0] = 0x5B
+            piece[1:-1] = view[lo:hi]
+            piece[-1] = 0x5D
+            try:
+                events = _decode_piece(raw, piece)
+                break
+            except msgspec.DecodeError:
+                # A cut inside an event: join the next piece (the outline pass checked the whole is valid).
+                if j + 1 >= len(pieces):
+                    raise
+                j += 1
+                hi = pieces[j][1]
+        del piece
+        yield events
+        del events
+        i = j + 1
 
 
-def _decode_piece(raw: RawTrace, piece: memoryview) -> list[Event]:
+def _decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[Event]:
     try:
         return _EVENTS.decode(piece)
     except msgspec.ValidationError:
