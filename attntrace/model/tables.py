@@ -6,6 +6,7 @@ Columns are extracted at C speed (attrgetter over the decoded structs), so this 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -176,11 +177,18 @@ def split(chunks: Iterable[list[Event]]) -> Tables:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
-    for events in chunks:
-        _split(events, parts, inputs, open_ended)
-        del events  # one piece's structs at a time
-    if open_ended:
-        _split(pair_begin_end(open_ended), parts, inputs, [])
+    # The decoder's structs hold no cycles; collections while millions of them come and go find nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for events in chunks:
+            _split(events, parts, inputs, open_ended)
+            del events  # one piece's structs at a time
+        if open_ended:
+            _split(pair_begin_end(open_ended), parts, inputs, [])
+    finally:
+        if collecting:
+            gc.enable()
     tables = {kind: _concat(frames) for kind, frames in parts.items()}
     op_inputs = pl.concat(inputs, rechunk=True) if len(inputs) > 1 else inputs[0]
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
