@@ -110,9 +110,13 @@ def build_large(source: Path, target_mb: int, layout: str, out: Path) -> dict[st
     return kinds
 
 
+RUN: dict[str, Any] = {}  # cwd and env of the measured processes (--tree)
+
+
 def timed(argv: list[str]) -> tuple[float, int, str]:
     """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time; and its stdout."""
-    done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %M", *argv], capture_output=True, text=True, check=False)
+    done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %M", *argv], capture_output=True, text=True, check=False,
+                          **RUN)
     line = [x for x in done.stderr.splitlines() if x.startswith("@@ ")][-1].split()
     return float(line[1]), int(line[2]) * 1024, done.stdout
 
@@ -125,14 +129,19 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=CORPUS_SOURCE if CORPUS_SOURCE.exists() else FALLBACK_SOURCE)
     parser.add_argument("--keep", type=Path, help="build the trace here and keep it (reused when it exists)")
     parser.add_argument("--small", type=Path, default=SMALL, help="the small trace timed for lint's start-up")
+    parser.add_argument("--tree", type=Path, help="measure the attntrace package in this source tree (e.g. a "
+                        "`git archive` of an older commit) instead of the installed one")
     parser.add_argument("--no-stages", action="store_true", help="skip the in-process time per stage")
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
         print(json.dumps(build_large(args.source, args.mb, args.layout, Path(args.build))))
         return
+    if args.tree:
+        # Run from "/" so that the current directory cannot shadow the tree given.
+        RUN.update(cwd="/", env={**os.environ, "PYTHONPATH": str(args.tree.resolve())})
     with tempfile.TemporaryDirectory() as tmp:
-        big = args.keep or Path(tmp) / "big.pt.trace.json"
+        big = args.keep.resolve() if args.keep else Path(tmp) / "big.pt.trace.json"
         facts = big.with_name(big.name + ".kinds")
         if not big.exists() or not facts.exists():
             # Built in a child process: the builder's memory must not sit beside the measured runs.
@@ -165,10 +174,10 @@ def main() -> None:
                   "(goals >= 150 MB/s, <= 2.5x, <= 0.65x)")
         if not args.no_stages:
             stages = [json.loads(subprocess.run([PYTHON, "-c", STAGES, str(big)], check=True, capture_output=True,
-                                                text=True).stdout) for _ in range(args.repeats)]
+                                                text=True, **RUN).stdout) for _ in range(args.repeats)]
             print("  stages (in one process, median): " + ", ".join(
                 f"{name} {statistics.median(s[name] for s in stages):.2f} s" for name in stages[0]))
-    walls = sorted(timed([PYTHON, "-m", "attntrace", "lint", str(args.small), "--fail-on", "never"])[0]
+    walls = sorted(timed([PYTHON, "-m", "attntrace", "lint", str(args.small.resolve()), "--fail-on", "never"])[0]
                    for _ in range(5))
     print(f"attntrace lint on a small trace ({args.small.stat().st_size / 1024:.0f} KiB gz): "
           f"median {walls[2]:.3f} s wall "

@@ -134,7 +134,6 @@ class OpInputs(Sequence[Args]):
 
     def __init__(self, frame: pl.DataFrame) -> None:
         self._frame = frame
-        self._columns = [frame[name] for name in _RAW_INPUTS]
 
     def __len__(self) -> int:
         return self._frame.height
@@ -146,13 +145,19 @@ class OpInputs(Sequence[Args]):
 
     def __getitem__(self, index: int | slice) -> Args | list[Args]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            start, stop, step = index.indices(len(self))
+            rows = self._frame.slice(start, max(0, stop - start)).rows()[::step]
+            return [_row_args(row) for row in rows]
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        dims, types, concrete = (msgspec.Raw(c[index] or b"") for c in self._columns)
-        return Args(input_dims=dims, input_types=types, concrete_inputs=concrete)
+        return _row_args(self._frame.row(index))
+
+
+def _row_args(row: tuple[bytes | None, ...]) -> Args:
+    dims, types, concrete = (msgspec.Raw(value or b"") for value in row)
+    return Args(input_dims=dims, input_types=types, concrete_inputs=concrete)
 
 
 def _inputs(events: list[Event]) -> pl.DataFrame:
