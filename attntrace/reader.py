@@ -115,6 +115,19 @@ class RawTrace:
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
     chunks: Callable[[], Iterator[list[Event]]] | None = None  # events decoded piece by piece, once
+    pieces: tuple[bytes | bytearray, list[tuple[int, int]]] | None = None  # the buffer and its pieces' extents
+
+    def take_pieces(self) -> tuple[bytes | bytearray, list[tuple[int, int]]] | None:
+        """The buffer and the extents of its pieces ("{" to "}"), for a caller that decodes them itself (in
+        other processes); the events are then not decoded here. None when the trace is not in pieces."""
+        pieces, self.pieces, self.chunks = self.pieces, None, None
+        return pieces
+
+    def count_dropped(self, dropped: int) -> None:
+        if dropped:
+            self.dropped_events += dropped
+            self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
+            self.notes.append(f"{self.dropped_events} malformed events ignored")
 
     def event_chunks(self) -> Iterator[list[Event]]:
         """The events, in file order, as lists; a large Kineto file is decoded 16 MiB at a time so that only
@@ -329,24 +342,23 @@ def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     stops.append(end)
     raw = RawTrace(path, len(data), meta)
     pieces = list(zip(starts, stops, strict=True))
-    raw.chunks = lambda: _decode_pieces(raw, data, pieces)
+    raw.chunks = lambda: decode_pieces(raw, data, pieces)
+    raw.pieces = (data, pieces)
     return raw
 
 
-def _decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]]) -> Iterator[list[Event]]:
-    raw.chunks = None  # read once: the file's buffer goes with the last piece, not with the trace
+def decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]]) -> Iterator[list[Event]]:
+    """The events of each piece in turn; a piece that does not parse (cut inside an event) is joined to the next."""
+    raw.chunks = raw.pieces = None  # read once: the file's buffer goes with the last piece, not with the trace
     view = memoryview(data)
     i = 0
     while i < len(pieces):
         lo, hi = pieces[i]
         j = i
         while True:
-            piece = bytearray(hi - lo + 2)  # "[" + events + "]": a copy of one piece, so that data stays as it is
-            piece[0] = 0x5B
-            piece[1:-1] = view[lo:hi]
-            piece[-1] = 0x5D
+            piece = bracketed(view, lo, hi)
             try:
-                events = _decode_piece(raw, piece)
+                events = decode_piece(raw, piece)
                 break
             except msgspec.DecodeError:
                 # A cut inside an event: join the next piece (the outline pass checked the whole is valid).
@@ -360,17 +372,23 @@ def _decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[in
         i = j + 1
 
 
-def _decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[Event]:
+def bracketed(view: memoryview, lo: int, hi: int) -> bytearray:
+    """ "[" + the events in view[lo:hi] + "]": a copy of one piece, so that the file's buffer stays as it is."""
+    piece = bytearray(hi - lo + 2)
+    piece[0] = 0x5B
+    piece[1:-1] = view[lo:hi]
+    piece[-1] = 0x5D
+    return piece
+
+
+def decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[Event]:
+    """One piece's events; malformed ones are dropped and counted on `raw`. DecodeError when it is not JSON."""
     try:
         return _EVENTS.decode(piece)
     except msgspec.ValidationError:
         items = _ANY.decode(piece)
         kept = [e for e in map(_coerce_event, items) if e is not None]
-        dropped = len(items) - len(kept)
-        if dropped:
-            raw.dropped_events += dropped
-            raw.notes[:] = [n for n in raw.notes if not n.endswith("malformed events ignored")]
-            raw.notes.append(f"{raw.dropped_events} malformed events ignored")
+        raw.count_dropped(len(items) - len(kept))
         return kept
 
 
