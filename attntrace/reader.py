@@ -115,7 +115,7 @@ class RawTrace:
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
     chunks: Callable[[], Iterator[list[Event]]] | None = None  # events decoded piece by piece, once
-    pieces: tuple[bytes | bytearray, list[tuple[int, int]]] | None = None  # the buffer and its pieces' extents
+    pieces: tuple[bytes | bytearray, list[tuple[int, int]]] | None = field(default=None, repr=False)  # buffer, extents
 
     def take_pieces(self) -> tuple[bytes | bytearray, list[tuple[int, int]]] | None:
         """The buffer and the extents of its pieces ("{" to "}"), for a caller that decodes them itself (in
