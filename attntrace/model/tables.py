@@ -188,6 +188,13 @@ class Tables:
 
 def split(chunks: Iterable[list[Event]]) -> Tables:
     """Every piece of the event list into a table per kind, in file order; B/E pairs become complete events."""
+    return _assemble(*_split_all(chunks))
+
+
+_Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame]]
+
+
+def _split_all(chunks: Iterable[list[Event]]) -> _Parts:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
@@ -203,7 +210,7 @@ def split(chunks: Iterable[list[Event]]) -> Tables:
     finally:
         if collecting:
             gc.enable()
-    return _assemble(parts, inputs)
+    return parts, inputs
 
 
 def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
@@ -258,18 +265,23 @@ def split_trace(raw: RawTrace) -> Tables:
     if taken is None:
         return split(raw.event_chunks())
     data, pieces = taken
+    del taken
     workers = read_workers(len(pieces))
+    done: _Parts | None = None
     if workers > 1:
         dropped, notes = raw.dropped_events, list(raw.notes)
         try:
-            return _split_parallel(raw, data, pieces, workers)
+            done = _split_parallel(raw, data, pieces, workers)
         except (OSError, BrokenProcessPool):
             # No worker processes here (a sandbox, no /dev/shm): one process does it all, from the start.
             raw.dropped_events, raw.notes[:] = dropped, notes
-    return split(decode_pieces(raw, data, pieces))
+    if done is None:
+        done = _split_all(decode_pieces(raw, data, pieces))
+    del data  # the file's buffer goes before the pieces' tables are joined (which briefly doubles them)
+    return _assemble(*done)
 
 
-def _split_parallel(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]], workers: int) -> Tables:
+def _split_parallel(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]], workers: int) -> _Parts:
     context = multiprocessing.get_context("forkserver")
     # The workers fork from a fresh server that has imported this module (polars) and run nothing: polars'
     # thread pool is never inherited half-used, and each worker starts in milliseconds.
@@ -311,7 +323,7 @@ def _split_parallel(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[i
             feed()
     if open_ended:
         _split(pair_begin_end(open_ended), parts, inputs, [])
-    return _assemble(parts, inputs)
+    return parts, inputs
 
 
 _PieceTables = tuple[list[bytes], bytes, bytes, int]
