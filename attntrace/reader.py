@@ -117,6 +117,19 @@ class RawTrace:
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
     chunks: Callable[[], Iterator[list[Event]]] | None = None  # events decoded piece by piece, once
+    pieces: tuple[bytes | bytearray, list[tuple[int, int]]] | None = field(default=None, repr=False)  # buffer, extents
+
+    def take_pieces(self) -> tuple[bytes | bytearray, list[tuple[int, int]]] | None:
+        """The buffer and the extents of its pieces ("{" to "}"), for a caller that decodes them itself (in
+        other processes); the events are then not decoded here. None when the trace is not in pieces."""
+        pieces, self.pieces, self.chunks = self.pieces, None, None
+        return pieces
+
+    def count_dropped(self, dropped: int) -> None:
+        if dropped:
+            self.dropped_events += dropped
+            self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
+            self.notes.append(f"{self.dropped_events} malformed events ignored")
 
     def event_chunks(self) -> Iterator[list[Event]]:
         """The events, in file order, as lists; a large Kineto file is decoded 16 MiB at a time so that only
@@ -426,7 +439,7 @@ def _decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTra
         if head == b"[":
             return _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
-            chunked = _chunked(path, data) if isinstance(data, bytearray) and len(data) > CHUNK_BYTES else None
+            chunked = _chunked(path, data) if len(data) > CHUNK_BYTES else None
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
@@ -472,70 +485,91 @@ def _decode_nonfinite(path: str, data: bytes | bytearray, salvage: bool) -> RawT
 
 CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_EVENT_GAP = re.compile(rb"\},(\s)\s*\{")  # between two events: "}," then whitespace then "{"
+# Between two events: "}," then "{", with or without whitespace (Kineto indents, PyTorch's compact layout and
+# most other writers do not).
+_EVENT_GAP = re.compile(rb"\},\s*\{")
 
 
-def _chunked(path: str, data: bytearray) -> RawTrace | None:
+def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     """Set up a piece-by-piece decode of a large object trace, or None to decode it whole.
 
     One pass of msgspec over the document (tokens only, no objects) checks that it is valid JSON, decodes
     the metadata wherever it sits, and gives the event list's exact extent: lists that follow it
     (deviceProperties, MTIA's INFO/ERROR) are not mistaken for its end. The list is then cut where one event
-    ends and the next begins ("},<space>{", as Kineto writes). Each cut turns the comma into "]" and the
-    space into "[", so every piece is a JSON list in place, decoded without a copy. A cut that lands inside
-    an event (a string holding "}, {") shows up as a piece that does not parse; the rest is then decoded in
-    one piece after restoring the bytes."""
+    ends and the next begins ("},{" with or without whitespace); each piece is decoded as a list of its own.
+    A cut that lands inside an event (a string holding "},{") shows up as a piece that does not parse: that
+    piece is then joined to the next one."""
     outline = _OUTLINE.decode(data)
     key = _EVENTS_KEY.search(data)
     if key is None:
         return None
     begin = key.end() - 1  # the "[" of traceEvents
     end = begin + len(outline.traceEvents) - 1
-    if data[end:end + 1] != b"]" or memoryview(data)[begin:end + 1] != memoryview(outline.traceEvents):
-        return None  # the first "traceEvents" key was not the document's own: decode the whole document
+    # The first "traceEvents" key is the document's own when its list is the one msgspec found (a memcmp).
+    if data[end:end + 1] != b"]" or not data.startswith(memoryview(outline.traceEvents), begin):
+        return None
     meta = Document(traceEvents=[], **{name: getattr(outline, name) for name in Metadata.__struct_fields__})
     del outline
-    cuts: list[tuple[int, bytes]] = []  # (position of the comma, the two bytes it replaced)
+    # Piece i holds the events in data[starts[i]:stops[i]], "{" to "}" (a JSON list without its brackets).
+    starts, stops = [begin + 1], []
     pos = begin + CHUNK_BYTES
     while pos < end:
         gap = _EVENT_GAP.search(data, pos, end)
         if gap is None:
             break
-        comma = gap.start() + 1
-        cuts.append((comma, bytes(data[comma:comma + 2])))
-        data[comma:comma + 2] = b"]["
-        pos = comma + CHUNK_BYTES
+        stops.append(gap.start() + 1)
+        starts.append(gap.end() - 1)
+        pos = gap.end() + CHUNK_BYTES
+    stops.append(end)
     raw = RawTrace(path, len(data), meta)
-    raw.chunks = lambda: _decode_pieces(raw, data, begin, end, cuts)
+    pieces = list(zip(starts, stops, strict=True))
+    raw.chunks = lambda: decode_pieces(raw, data, pieces)
+    raw.pieces = (data, pieces)
     return raw
 
 
-def _decode_pieces(raw: RawTrace, data: bytearray, begin: int, end: int,
-                   cuts: list[tuple[int, bytes]]) -> Iterator[list[Event]]:
+def decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]]) -> Iterator[list[Event]]:
+    """The events of each piece in turn; a piece that does not parse (cut inside an event) is joined to the next."""
+    raw.chunks = raw.pieces = None  # read once: the file's buffer goes with the last piece, not with the trace
     view = memoryview(data)
-    starts = [begin] + [comma + 1 for comma, _ in cuts]
-    stops = [comma + 1 for comma, _ in cuts] + [end + 1]
-    for i, (lo, hi) in enumerate(zip(starts, stops, strict=True)):
-        try:
-            yield _decode_piece(raw, view[lo:hi])
-        except msgspec.DecodeError:
-            for comma, original in cuts[i:]:
-                data[comma:comma + 2] = original
-            yield _decode_piece(raw, view[lo:end + 1])  # valid JSON: the outline pass checked it
-            return
+    i = 0
+    while i < len(pieces):
+        lo, hi = pieces[i]
+        j = i
+        while True:
+            piece = bracketed(view, lo, hi)
+            try:
+                events = decode_piece(raw, piece)
+                break
+            except msgspec.DecodeError:
+                # A cut inside an event: join the next piece (the outline pass checked the whole is valid).
+                if j + 1 >= len(pieces):
+                    raise
+                j += 1
+                hi = pieces[j][1]
+        del piece
+        yield events
+        del events
+        i = j + 1
 
 
-def _decode_piece(raw: RawTrace, piece: memoryview) -> list[Event]:
+def bracketed(view: memoryview, lo: int, hi: int) -> bytearray:
+    """ "[" + the events in view[lo:hi] + "]": a copy of one piece, so that the file's buffer stays as it is."""
+    piece = bytearray(hi - lo + 2)
+    piece[0] = 0x5B
+    piece[1:-1] = view[lo:hi]
+    piece[-1] = 0x5D
+    return piece
+
+
+def decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[Event]:
+    """One piece's events; malformed ones are dropped and counted on `raw`. DecodeError when it is not JSON."""
     try:
         return _EVENTS.decode(piece)
     except msgspec.ValidationError:
         items = _ANY.decode(piece)
         kept = [e for e in map(_coerce_event, items) if e is not None]
-        dropped = len(items) - len(kept)
-        if dropped:
-            raw.dropped_events += dropped
-            raw.notes[:] = [n for n in raw.notes if not n.endswith("malformed events ignored")]
-            raw.notes.append(f"{raw.dropped_events} malformed events ignored")
+        raw.count_dropped(len(items) - len(kept))
         return kept
 
 

@@ -1,121 +1,197 @@
-"""Benchmark: read + model throughput and peak memory on a large trace, end-to-end lint time, and the wall
-time of `attntrace summary` on a small trace.
+"""Benchmark: `attntrace lint` and `attntrace summary` as a user runs them (whole process, timed by
+/usr/bin/time) on a large real-derived trace, beside a bare `orjson.loads` of the same file; the time per stage;
+and the wall time of `attntrace lint` on a small trace.
 
-The large trace is built by repeating the steps of a real sample trace (GPT-2 training, H200), with
-timestamps, step numbers, External ids, correlation ids and flow ids shifted so that every copy stays
-linked like the original. Run: python bench/bench_read.py [--mb 200]
+The large trace repeats a real training trace that has every event kind kept (memory instant events, flows,
+steps): by default Kineto's ResNet-50 sample from the corpus (17% memory events), else the GPT-2 sample trace.
+Timestamps, External ids, correlation ids, flow ids and step numbers are shifted so that every copy stays
+linked like the original and the steps continue one after another (ProfilerStep#1..#6, #7..#12, ...). It is
+written in PyTorch's compact layout (`},{`, no whitespace) and, with --layout indented, two-space indented.
+
+Run: python bench/bench_read.py [--mb 210] [--layout compact|indented] [--repeats 3] [--source TRACE]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "sample_traces/workloads/gpt2_eager_train.pt.trace.json.gz"
+CORPUS_SOURCE = Path("/work/shared/corpus/wild/pytorch__kineto/tb_plugin/samples/resnet50_num_workers_0/"
+                     "worker0.1623143566756.pt.trace.json.gz")
+FALLBACK_SOURCE = ROOT / "sample_traces/workloads/gpt2_eager_train.pt.trace.json.gz"
 SMALL = ROOT / "sample_traces/bf16_causal_fwd/naive.pt.trace.json.gz"
+PYTHON = sys.executable
 
-MEASURE = """
-import gc, resource, sys, time
-from attntrace import model, reader
-from attntrace.lint import lint_trace
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# The stages of one run, in one process, after imports (the whole-process figures are taken separately).
+STAGES = """
+import json, resource, sys, time
+t = [time.perf_counter()]
+from attntrace import lint as engine, model, reader, summary
+t.append(time.perf_counter())
+raw = reader.read(sys.argv[1])
+t.append(time.perf_counter())
+trace = model.build(raw)
+t.append(time.perf_counter())
+trace.gpu_linked; trace.step_table
+t.append(time.perf_counter())
+summary.summarize(trace)
+t.append(time.perf_counter())
+report = engine.lint_trace(trace)
+t.append(time.perf_counter())
+names = ["import", "read + outline", "decode + tables + kernel classes", "links + steps", "summary", "rules"]
+print(json.dumps({n: b - a for n, a, b in zip(names, t, t[1:])}))
+"""
+
+ORJSON = """
+import gc, sys, time
+import orjson
+gc.disable()
+data = open(sys.argv[1], "rb").read()
 t0 = time.perf_counter()
-trace = model.build(reader.read(sys.argv[1]))
-trace.gpu_linked  # the links and step attribution are part of the model
-t1 = time.perf_counter()
-model_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-report = lint_trace(trace)
-t2 = time.perf_counter()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(t1 - t0, t2 - t0, base * 1024, peak * 1024, len(report.findings), model_peak * 1024)
+orjson.loads(data)
+print(time.perf_counter() - t0)
 """
 
 
-def build_large(target_mb: int, out: Path) -> int:
-    doc = orjson.loads(gzip.decompress(SOURCE.read_bytes()))
+def _shift(event: dict[str, Any], k: int, span: float, id_span: int, step_span: int) -> dict[str, Any]:
+    out = dict(event)
+    if isinstance(out.get("ts"), (int, float)):
+        out["ts"] = event["ts"] + k * span
+    if isinstance(out.get("id"), int):
+        out["id"] = event["id"] + k * id_span
+    name = out.get("name", "")
+    if isinstance(name, str) and name.startswith("ProfilerStep#") and name[13:].isdigit():
+        out["name"] = f"ProfilerStep#{int(name[13:]) + k * step_span}"
+    if isinstance(event.get("args"), dict):
+        args = dict(event["args"])
+        for key in ("External id", "external id", "correlation", "Ev Idx"):
+            if isinstance(args.get(key), int) and args[key] > 0:
+                args[key] += k * id_span
+        out["args"] = args
+    return out
+
+
+def build_large(source: Path, target_mb: int, layout: str, out: Path) -> dict[str, Any]:
+    doc = orjson.loads(gzip.decompress(source.read_bytes()))
     events = doc["traceEvents"]
     timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
     id_span = 1 + max(max(e.get("args", {}).get("External id", 0), e.get("args", {}).get("correlation", 0),
+                          e.get("args", {}).get("Ev Idx", 0),
                           e.get("id", 0) if isinstance(e.get("id"), int) else 0) for e in events)
-    steps = sum(1 for e in events
-                if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation")
-    one_copy = len(orjson.dumps(events, option=orjson.OPT_INDENT_2))
-    copies = max(1, target_mb * 2**20 // one_copy)
-    out_events = [e for e in events if e.get("ph") == "M"]
-    for k in range(copies):
-        for e in events:
-            if e.get("ph") == "M":
-                continue
-            e2 = dict(e)
-            if "ts" in e2:
-                e2["ts"] = e["ts"] + k * span
-            if isinstance(e2.get("id"), int):
-                e2["id"] = e["id"] + k * id_span
-            name = e2.get("name", "")
-            if isinstance(name, str) and name.startswith("ProfilerStep#"):
-                e2["name"] = f"ProfilerStep#{int(name.split('#')[1]) + k * steps}"
-            if "args" in e:
-                args = dict(e["args"])
-                for key in ("External id", "correlation"):
-                    if isinstance(args.get(key), int) and args[key] > 0:
-                        args[key] += k * id_span
-                e2["args"] = args
-            out_events.append(e2)
-    doc["traceEvents"] = out_events
-    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    numbers = [int(e["name"][13:]) for e in events
+               if str(e.get("name", "")).startswith("ProfilerStep#") and e["name"][13:].isdigit()]
+    step_span = max(numbers) - min(numbers) + 1 if numbers else 0
+    option = orjson.OPT_INDENT_2 if layout == "indented" else 0
+    one_copy = len(orjson.dumps(events, option=option))
+    copies = max(1, round(target_mb * 1e6 / one_copy))
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    doc["traceEvents"] = meta + [_shift(e, k, span, id_span, step_span) for k in range(copies) for e in body]
+    data = orjson.dumps(doc, option=option)
     out.write_bytes(data)
-    return len(data)
+    kinds = {"events": len(doc["traceEvents"]),
+             "memory": sum(1 for e in doc["traceEvents"] if e.get("ph") == "i" and e.get("name") == "[memory]"),
+             "flows": sum(1 for e in doc["traceEvents"] if e.get("ph") in ("s", "f", "t")),
+             "steps": sum(1 for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+                          and e.get("cat") in ("cpu_op", "user_annotation", "Operator")),
+             "copies": copies}
+    return kinds
+
+
+RUN: dict[str, Any] = {}  # cwd and env of the measured processes (--tree)
+
+
+def timed(argv: list[str]) -> tuple[float, int, str]:
+    """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time; and its stdout."""
+    done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %M", *argv], capture_output=True, text=True, check=False,
+                          **RUN)
+    line = [x for x in done.stderr.splitlines() if x.startswith("@@ ")][-1].split()
+    return float(line[1]), int(line[2]) * 1024, done.stdout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--mb", type=int, default=210, help="size of the large trace in MB (1e6 bytes)")
+    parser.add_argument("--layout", choices=["compact", "indented"], default="compact")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--source", type=Path, default=CORPUS_SOURCE if CORPUS_SOURCE.exists() else FALLBACK_SOURCE)
+    parser.add_argument("--keep", type=Path, help="build the trace here and keep it (reused when it exists)")
+    parser.add_argument("--small", type=Path, default=SMALL, help="the small trace timed for lint's start-up")
+    parser.add_argument("--tree", type=Path, help="measure the attntrace package in this source tree (e.g. a "
+                        "`git archive` of an older commit) instead of the installed one")
+    parser.add_argument("--no-stages", action="store_true", help="skip the in-process time per stage")
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
-        build_large(args.mb, Path(args.build))
+        print(json.dumps(build_large(args.source, args.mb, args.layout, Path(args.build))))
         return
+    if args.tree:
+        # Run from "/" so that the current directory cannot shadow the tree given.
+        RUN.update(cwd="/", env={**os.environ, "PYTHONPATH": str(args.tree.resolve())})
     with tempfile.TemporaryDirectory() as tmp:
-        big = Path(tmp) / "big.pt.trace.json"
-        # Built in a child process: a parent holding the trace would inflate the children's peak RSS.
-        subprocess.run([sys.executable, __file__, "--mb", str(args.mb), "--build", str(big)], check=True)
+        big = args.keep.resolve() if args.keep else Path(tmp) / "big.pt.trace.json"
+        facts = big.with_name(big.name + ".kinds")
+        if not big.exists() or not facts.exists():
+            # Built in a child process: the builder's memory must not sit beside the measured runs.
+            facts.write_text(subprocess.run(
+                [PYTHON, __file__, "--mb", str(args.mb), "--layout", args.layout, "--source", str(args.source),
+                 "--build", str(big)], check=True, capture_output=True, text=True).stdout)
+        kinds: dict[str, Any] = json.loads(facts.read_text())
         size = big.stat().st_size
-        runs = []
+        print(f"large trace: {size / 1e6:.0f} MB, {args.layout} layout, from {args.source.name} {kinds}")
+        print(f"machine: {os.cpu_count()} cores, {_machine()}")
+        rows: dict[str, list[tuple[float, int]]] = {"lint": [], "summary": [], "orjson": []}
+        loads: list[float] = []
         for _ in range(args.repeats):
-            line = subprocess.run([sys.executable, "-c", MEASURE, str(big)], check=True, capture_output=True,
-                                  text=True).stdout.split()
-            runs.append([float(x) for x in line])
-        read_s = statistics.median(r[0] for r in runs)
-        lint_s = statistics.median(r[1] for r in runs)
-        peak = max(r[3] for r in runs)
-        model_peak = max(r[5] for r in runs)
-        peak_over_base = max(r[3] - r[2] for r in runs)
-        print(f"large trace: {size / 2**20:.0f} MiB uncompressed, {args.repeats} runs (median)")
-        print(f"  read + model: {read_s:.2f} s = {size / 1e6 / read_s:.0f} MB/s = {size / 2**20 / read_s:.0f} MiB/s"
-              "   (goal >= 150 MB/s)")
-        print(f"  lint end to end: {lint_s:.2f} s = {size / 1e6 / lint_s:.0f} MB/s = {size / 2**20 / lint_s:.0f} MiB/s")
-        print(f"  peak RSS after read + model: {model_peak / 2**20:.0f} MiB = {model_peak / size:.2f}x the trace "
-              "(goal <= 2.5x)")
-        print(f"  peak RSS after lint: {peak / 2**20:.0f} MiB = {peak / size:.2f}x the trace "
-              f"({peak_over_base / 2**20:.0f} MiB above the interpreter and imports)")
-    walls = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "attntrace", "summary", str(SMALL)], check=True, capture_output=True)
-        walls.append(time.perf_counter() - t0)
-    print(f"attntrace summary on a small trace ({SMALL.stat().st_size / 1024:.0f} KiB gz): "
-          f"median {statistics.median(walls):.3f} s wall over 5 runs (goal < 0.5 s)")
+            rows["lint"].append(timed([PYTHON, "-m", "attntrace", "lint", str(big), "--format", "json",
+                                       "--output", os.devnull, "--fail-on", "never", "--jobs", "1"])[:2])
+            rows["summary"].append(timed([PYTHON, "-m", "attntrace", "summary", str(big), "--format", "json"])[:2])
+            wall, peak, out = timed([PYTHON, "-c", ORJSON, str(big)])
+            rows["orjson"].append((wall, peak))
+            loads.append(float(out))
+        bare = statistics.median(loads)
+        print(f"  bare orjson.loads (gc off): {bare:.2f} s for the call, "
+              f"{statistics.median(w for w, _ in rows['orjson']):.2f} s whole process, "
+              f"peak {max(p for _, p in rows['orjson']) / size:.2f}x")
+        for what in ("lint", "summary"):
+            wall = statistics.median(w for w, _ in rows[what])
+            peak = max(p for _, p in rows[what])
+            print(f"  attntrace {what:8s} whole process: {wall:.2f} s = {size / 1e6 / wall:.0f} MB/s, "
+                  f"{kinds.get('events', 0) / wall / 1e3:.0f}k events/s, peak {peak / 2**20:.0f} MiB = "
+                  f"{peak / size:.2f}x the file, {wall / bare:.2f}x orjson.loads   "
+                  "(goals >= 150 MB/s, <= 2.5x, <= 0.65x)")
+        if not args.no_stages:
+            stages = [json.loads(subprocess.run([PYTHON, "-c", STAGES, str(big)], check=True, capture_output=True,
+                                                text=True, **RUN).stdout) for _ in range(args.repeats)]
+            print("  stages (in one process, median): " + ", ".join(
+                f"{name} {statistics.median(s[name] for s in stages):.2f} s" for name in stages[0]))
+    walls = sorted(timed([PYTHON, "-m", "attntrace", "lint", str(args.small.resolve()), "--fail-on", "never"])[0]
+                   for _ in range(5))
+    print(f"attntrace lint on a small trace ({args.small.stat().st_size / 1024:.0f} KiB gz): "
+          f"median {walls[2]:.3f} s wall "
+          "over 5 runs (goal <= 0.3 s)")
+
+
+def _machine() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -31,6 +31,50 @@ def test_pieces_give_the_same_report(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert path.read_bytes() == gzip.decompress(Path(sample(name)).read_bytes())  # the file is untouched
 
 
+@pytest.mark.parametrize("name", ["workloads/gpt2_eager_train", "bf16_causal_fwd_stack/naive"])
+def test_compact_layout_is_cut_into_pieces_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    # PyTorch's compact layout has no whitespace between events ("},{"): it must be cut like Kineto's.
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(orjson.dumps(orjson.loads(gzip.decompress(Path(sample(name)).read_bytes()))))
+    assert b"},{" in path.read_bytes() and b"}, {" not in path.read_bytes()
+    whole = report(str(path))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 16 << 10)
+    assert len(list(reader.read(str(path)).event_chunks())) > 5
+    assert report(str(path)) == whole
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_compact_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: str):
+    monkeypatch.setenv("ATTNTRACE_READ_WORKERS", workers)
+    odd = {"ph": "X", "cat": "cpu_op", "name": "odd},{" * 400, "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0}
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": float(i), "dur": 0.5,
+               "args": {"correlation": i}} for i in range(3000)]
+    path = tmp_path / "t.json"
+    path.write_bytes(orjson.dumps({"traceEvents": [*events[:1500], odd, *events[1500:]], "traceName": "x"}))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    trace = load(str(path))
+    assert trace.ops["name"].to_list() == [odd["name"]]
+    assert trace.gpu["name"].to_list() == [f"k{i}" for i in range(3000)]
+
+
+def test_pieces_decoded_in_worker_processes_give_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from attntrace.model import tables
+
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train"))
+                                                               .read_bytes()))))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
+    here = load(str(path))
+    whole = report(str(path))
+    monkeypatch.setenv(tables.WORKERS_ENV, "2")
+    assert tables.read_workers(len(reader.read(str(path)).pieces[1])) == 2
+    there = load(str(path))
+    for kind in ("ops", "launches", "gpu", "flows", "gpu_annotations", "python"):
+        assert getattr(there, kind).equals(getattr(here, kind)), kind
+    assert [bytes(a.input_dims) for a in there.op_args[:]] == [bytes(a.input_dims) for a in here.op_args[:]]
+    assert report(str(path)) == whole
+
+
 def test_a_cut_inside_an_event_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # An arg holding a list of objects has "},\\n {" inside an event: a cut there must not lose events.
     odd = {"ph": "X", "cat": "cpu_op", "name": "odd", "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0,

@@ -12,7 +12,7 @@ import polars as pl
 
 from attntrace import taxonomy
 from attntrace.model.intervals import busy_us
-from attntrace.model.tables import split
+from attntrace.model.tables import split_trace
 from attntrace.model.trace import Trace, TraceMeta
 from attntrace.reader import RawTrace
 
@@ -41,7 +41,7 @@ def _clamp_durations(tables: Any) -> int:
 
 def build(raw: RawTrace) -> Trace:
     doc = raw.document
-    tables = split(raw.event_chunks())
+    tables = split_trace(raw)
     # Only the ops' args outlive this (for their input fields, decoded on demand); the events can go.
     doc.traceEvents = []
     clamped = _clamp_durations(tables)

@@ -12,25 +12,29 @@ def op_parents(ops: pl.DataFrame) -> list[int | None]:
         ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
     thread_start = (pl.struct("pid", "tid") != pl.struct("pid", "tid").shift(1)).fill_null(True)
     new_thread = ordered.select(thread_start)[:, 0].to_list()
-    stack: list[tuple[float, int]] = []
+    ends: list[float] = []  # the open ops of the current thread, innermost last: their ends and indices
+    owners: list[int] = []
     for idx, ts, end, fresh in zip(ordered["idx"].to_list(), ordered["ts"].to_list(), ordered["end"].to_list(),
                                    new_thread, strict=True):
         if fresh:
-            stack = []
-        while stack and stack[-1][0] < ts:
-            stack.pop()
+            ends.clear()
+            owners.clear()
+        while ends and ends[-1] < ts:
+            ends.pop()
+            owners.pop()
         # An op that starts inside its parent but overruns it (clock rounding) still nests.
-        parent[idx] = stack[-1][1] if stack else None
-        stack.append((end, idx))
+        if owners:
+            parent[idx] = owners[-1]
+        ends.append(end)
+        owners.append(idx)
     return parent
 
 
 def op_children(ops: pl.DataFrame, parent: list[int | None]) -> dict[int | None, list[int]]:
     """Child ops of each op, in start order (None holds the top-level ops)."""
-    children: dict[int | None, list[int]] = {}
-    for idx in ops.sort("ts")["idx"].to_list():
-        children.setdefault(parent[idx], []).append(idx)
-    return children
+    grouped = (ops.select("idx", "ts").with_columns(pl.Series("parent", parent, dtype=pl.Int64))
+               .sort("ts", maintain_order=True).group_by("parent", maintain_order=True).agg("idx"))
+    return dict(zip(grouped["parent"].to_list(), grouped["idx"].to_list(), strict=True))
 
 
 def innermost_ops(calls: pl.DataFrame, ops: pl.DataFrame, parent: list[int | None]) -> list[int | None]:

@@ -148,7 +148,7 @@ class Trace:
         """Step numbers that are not graph captures."""
         return sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list())
 
-    @property
+    @cached_property
     def step_count(self) -> int:
         """Steps of one process: counts "per step" divide by this."""
         windows = self.steps.filter(~pl.col("capture"))
