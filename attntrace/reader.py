@@ -122,7 +122,9 @@ class RawTrace:
     def take_pieces(self) -> tuple[bytes | bytearray, list[tuple[int, int]]] | None:
         """The buffer and the extents of its pieces ("{" to "}"), for a caller that decodes them itself (in
         other processes); the events are then not decoded here. None when the trace is not in pieces."""
-        pieces, self.pieces, self.chunks = self.pieces, None, None
+        pieces = self.pieces
+        if pieces is not None:
+            self.pieces = self.chunks = None
         return pieces
 
     def count_dropped(self, dropped: int) -> None:
@@ -839,6 +841,7 @@ def _note_salvaged(raw: RawTrace, size: int) -> None:
         raw.notes.append(note(events))
 
     raw.chunks = counted
+    raw.pieces = None  # decoded here, counted, rather than handed to other processes
 
 
 def decode_raw(raw: msgspec.Raw) -> Any:
