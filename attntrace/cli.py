@@ -336,7 +336,7 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html"]
+LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"]
 
 
 @main.command()
@@ -385,6 +385,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
         if importlib.util.find_spec("plotly") is None:
             raise click.ClickException(MISSING_EXTRA)
+    if fmt == "parquet" and output in (None, "-") and sys.stdout.isatty():
+        raise click.UsageError("--format parquet writes binary: give --output FILE (or pipe it)")
     runner = distributed.runner(scheduler) if scheduler else None
     with file_progress(list(paths)) as progress:
         try:
@@ -419,6 +421,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         _emit(markdown.render(report), output)
     elif fmt == "html":
         _emit(result.to_html(), output)
+    elif fmt == "parquet":
+        from attntrace.formats import parquet
+
+        _emit(parquet.render(report), output)
     else:
         from attntrace.formats.text import render
 
