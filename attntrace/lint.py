@@ -75,14 +75,12 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     chain (AT102) removes the copies its ops make (AT101); tensor cores for an FP32 GEMM (AT201) make its
     occupancy (AT401) moot."""
     rules = {f["rule"] for f in findings}
-    fused_chains = [f["where"]["op_chain"].split(" > ") for f in findings if f["rule"] == "AT102"]
     for f in findings:
         if "AT202" in rules and (
                 (f["rule"] == "AT201" and str(f["evidence"].get("cause", "")).startswith("sdpa-math-upcast"))
                 or (f["rule"] == "AT301" and f["evidence"].get("sdpa_math_backend"))):
             f["subsumed_by"] = "AT202"
-        elif f["rule"] == "AT101" and any(op in chain for chain in fused_chains
-                                          for op in f["where"]["op_chain"].split(" > ")[:1]):
+        elif f["rule"] == "AT101" and "AT102" in rules and f["evidence"].get("in_unfused_attention"):
             f["subsumed_by"] = "AT102"
         elif f["rule"] == "AT401" and f["evidence"].get("kernel_class") == "gemm_fp32_simt" and "AT201" in rules:
             f["subsumed_by"] = "AT201"

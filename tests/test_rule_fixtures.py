@@ -75,6 +75,14 @@ def test_at101_is_subsumed_by_the_unfused_chain_it_belongs_to():
     assert copies and all(f["subsumed_by"] == "AT102" for f in copies)
 
 
+def test_at101_copies_outside_the_unfused_chain_stay_counted():
+    # gpt2_eager_train has an unfused attention (AT102) and, apart from it, copies in the backward of views.
+    report = lint_trace(load(sample("workloads/gpt2_eager_train")))
+    assert any(f["rule"] == "AT102" for f in report.findings)
+    outside = [f for f in report.findings if f["rule"] == "AT101" and "ViewBackward0" in f["where"]["op_chain"]]
+    assert outside and all("subsumed_by" not in f for f in outside)
+
+
 # --- AT102 materialized-scores -------------------------------------------------------------------------
 def test_at102_fires_on_a_chain_split_across_helper_functions(tmp_path: Path):
     doc = read_json(NAIVE)

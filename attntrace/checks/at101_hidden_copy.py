@@ -73,6 +73,15 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
     return names, None
 
 
+def _unfused_attention_ops(ctx: Context) -> set[int]:
+    """The ops of the unfused attention chains (AT102's): a copy under one of them goes when the chain is fused."""
+    from attntrace.catalog import load_rules
+    from attntrace.checks.at102_materialized_scores import unfused_chains
+
+    groups, _, _ = unfused_chains(ctx, load_rules()["AT102"].parameters["min_seq"].default)
+    return {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
     copies = ctx.gpu.filter(((pl.col("kind") == "memcpy") & pl.col("name").str.contains("DtoD"))
                             | (pl.col("cls") == "copy"))
@@ -86,6 +95,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         kind = "Memcpy DtoD" if row["kind"] == "memcpy" else "copy kernel"
         groups.setdefault((" > ".join(chain), kind), []).append(row)
 
+    attention_ops = _unfused_attention_ops(ctx) if groups else set()
     findings = []
     for (chain, kind), rows in sorted(groups.items()):
         sizes = [b for b in (_copy_bytes(ctx, r) for r in rows) if b]
@@ -114,7 +124,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
                       "bytes_per_step": per_copy * count if per_copy else None,
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
-                      "launch_api": rows[0]["launch_api"]},
+                      "launch_api": rows[0]["launch_api"],
+                      "in_unfused_attention": all(set(ctx.trace.op_ancestors(r["op"])) & attention_ops
+                                                  for r in rows)},
             gpu_us_per_step=us_per_step,
             fix=fix,
         ))

@@ -89,10 +89,15 @@ def _chain_around(ctx: Context, softmax: int, side: int, sequence: list[int], po
     return sequence[start:end + 1]
 
 
-def check(ctx: Context) -> list[dict[str, Any]]:
+Hit = tuple[int, int, list[int], int, int]  # softmax op, step, chain of ops, sequence length, score bytes
+
+
+def unfused_chains(ctx: Context, min_seq: int) -> tuple[dict[str, list[Hit]], list[int], dict[int, int]]:
+    """Every unfused attention chain in the steps, grouped by its op names; with the thread sequence they were
+    found in. AT101 uses it to tell the copies that fusing the chain removes."""
     names = ctx.trace.op_names
     candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(SOFTMAX)))
-    groups: dict[str, list[tuple[int, int, list[int], int, int]]] = defaultdict(list)
+    groups: dict[str, list[Hit]] = defaultdict(list)
     sequence, position = _thread_sequence(ctx) if candidates.height else ([], {})
     for op, step in candidates.select("idx", "step").iter_rows():
         ancestors = [names[a] for a in ctx.trace.op_ancestors(op)]
@@ -100,7 +105,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue  # SDPA's math backend is AT202's; backward ops replay the forward
         dims, types = _dims(ctx, op)
         side = _square(dims[0]) if dims else None
-        if side is None or side < ctx.params["min_seq"]:
+        if side is None or side < min_seq:
             continue
         chain = _chain_around(ctx, op, side, sequence, position)
         if chain is None:
@@ -108,7 +113,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         score_bytes = _numel(dims[0]) * ITEM_SIZE.get(types[0] if types else "", 2)
         pattern = " > ".join(names[o] for o in chain)  # the attention op chain, in call order
         groups[pattern].append((op, step, chain, side, score_bytes))
+    return groups, sequence, position
 
+
+def check(ctx: Context) -> list[dict[str, Any]]:
+    groups, sequence, position = unfused_chains(ctx, ctx.params["min_seq"])
     findings = []
     for pattern, hits in sorted(groups.items()):
         per_step = len(hits) / ctx.step_count

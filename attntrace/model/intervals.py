@@ -25,10 +25,3 @@ def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     runs = merged_runs(frame, keys).with_columns((pl.col("end") - pl.col("ts")).alias("busy_us"))
     return runs.group_by(keys).agg(pl.col("busy_us").sum()).sort(keys, nulls_last=True)
 
-
-def gaps(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Idle intervals between merged activity of each `keys` group: keys, start, end."""
-    return (frame.select([*keys, "ts", "end"]).sort([*keys, "ts"])
-            .with_columns(pl.col("end").cum_max().shift(1).over(keys).alias("start"))
-            .filter(pl.col("ts") > pl.col("start"))
-            .select(*keys, "start", pl.col("ts").alias("end")))
