@@ -5,16 +5,15 @@ No input can take the others down: an exception becomes that input's error, and 
 
 from __future__ import annotations
 
-import contextlib
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Any, TypeVar
 
-from attntrace import model, reader
+from attntrace import model, reader, workers
+from attntrace.model import tables
 from attntrace.reader import TraceError
 
 T = TypeVar("T")
@@ -48,6 +47,7 @@ def display_path(path: str) -> str:
 
 
 def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
+    tables.warm_up(path)
     raw = reader.read(path, options)
     raw.path = display_path(path)
     return model.build(raw)
@@ -77,30 +77,14 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
 def _init_worker(jobs: int) -> None:
     # Ctrl-C reaches the whole process group: the parent answers it, the workers just stop with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reader.CONCURRENT_JOBS = jobs
+    workers.CONCURRENT_JOBS = jobs
 
 
-def _pool(workers: int, jobs: int) -> ProcessPoolExecutor:
-    # spawn, not fork: polars' thread pool does not survive a fork.
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+def _pool(processes: int, jobs: int) -> ProcessPoolExecutor:
+    # Forked from a warm server (attntrace.workers), not from this process: polars' thread pool does not
+    # survive a fork, and a spawned worker would import everything again.
+    return ProcessPoolExecutor(max_workers=processes, mp_context=workers.context(), initializer=_init_worker,
                                initargs=(jobs,))
-
-
-@contextlib.contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """Start workers with SIGINT ignored, a disposition they keep through exec, so that Ctrl-C while one is
-    still importing cannot print its traceback. (A blocked mask is not enough: the spawned interpreter gets
-    the signal.) A Ctrl-C in these few milliseconds is lost; any later one stops the run. Only the main
-    thread may set handlers; elsewhere this does nothing."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except (ValueError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
@@ -121,7 +105,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
     start = 0
     while start < len(todo):
         try:
-            with _sigint_blocked():
+            with workers.sigint_ignored():
                 pool = _pool(min(jobs, len(todo) - start), jobs)
                 futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
         except (OSError, NotImplementedError):
@@ -153,7 +137,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
 def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
     """One trace in a worker of its own: its result, or its error when that worker dies too."""
     try:
-        with _sigint_blocked():
+        with workers.sigint_ignored():
             pool = _pool(1, jobs)
             future = pool.submit(_call, (path, work))
     except (OSError, NotImplementedError):  # no worker processes any more: analyse it here

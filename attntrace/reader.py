@@ -7,8 +7,11 @@ coercing what can be coerced and counting what cannot, so one odd event does not
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
+import operator
 import os
 import re
 import stat
@@ -17,9 +20,11 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
+
+from attntrace import workers
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -70,8 +75,18 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_VALUE)
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class TraceEvent(msgspec.Struct, gc=False, tag_field="ph"):
+    """One trace event, typed by its phase ("ph"). The model reads complete, begin/end and flow events; the
+    others (memory instants, metadata, counters: a fifth of a training trace) are parsed past without
+    building their fields."""
+    ph: ClassVar[str] = ""
+    cat: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    ts: ClassVar[float | None] = None
+
+
+class Event(TraceEvent):
+    """The fields of the events the model reads."""
     cat: str = ""
     name: str = ""
     pid: int | str = 0
@@ -80,6 +95,43 @@ class Event(msgspec.Struct, gc=False):
     dur: float | None = None
     id: int | str | None = None
     args: Args | None = None
+
+
+class Complete(Event, tag="X"):
+    ph: ClassVar[str] = "X"
+
+
+class Begin(Event, tag="B"):
+    ph: ClassVar[str] = "B"
+
+
+class End(Event, tag="E"):
+    ph: ClassVar[str] = "E"
+
+
+class FlowStart(Event, tag="s"):
+    ph: ClassVar[str] = "s"
+
+
+class FlowStep(Event, tag="t"):
+    ph: ClassVar[str] = "t"
+
+
+class FlowEnd(Event, tag="f"):
+    ph: ClassVar[str] = "f"
+
+
+class Unphased(TraceEvent):
+    """An event without a phase the Trace Event Format knows (only made when events are coerced one by one)."""
+
+
+READ_PHASES: dict[str, type[Event]] = {c.ph: c for c in (Complete, Begin, End, FlowStart, FlowStep, FlowEnd)}
+# Every other phase of the Trace Event Format: decoded as an empty struct of its own.
+SKIPPED_PHASES: dict[str, type[TraceEvent]] = {
+    ph: msgspec.defstruct(f"Skipped_{i}", [], bases=(TraceEvent,), tag=ph, namespace={"ph": ph})
+    for i, ph in enumerate(("i", "I", "M", "C", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")",
+                            "T", "p", "S", "F"))}
+AnyEvent: Any = functools.reduce(operator.or_, [*READ_PHASES.values(), *SKIPPED_PHASES.values()])
 
 
 class Metadata(msgspec.Struct, gc=False, kw_only=True):
@@ -100,7 +152,7 @@ class Metadata(msgspec.Struct, gc=False, kw_only=True):
 
 
 class Document(Metadata):
-    traceEvents: list[Event]
+    traceEvents: list[AnyEvent]
 
 
 class Outline(Metadata):
@@ -116,12 +168,13 @@ class RawTrace:
     dropped_events: int = 0
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
-    chunks: Callable[[], Iterator[list[Event]]] | None = None  # events decoded piece by piece, once
-    pieces: tuple[bytes | bytearray, list[tuple[int, int]]] | None = field(default=None, repr=False)  # buffer, extents
+    rewritten: bool = False  # the bytes decoded differ from the input's (re-encoded, surrogates replaced)
+    chunks: Callable[[], Iterator[list[TraceEvent]]] | None = None  # events decoded piece by piece, once
+    pieces: Pieces | None = field(default=None, repr=False)
 
-    def take_pieces(self) -> tuple[bytes | bytearray, list[tuple[int, int]]] | None:
-        """The buffer and the extents of its pieces ("{" to "}"), for a caller that decodes them itself (in
-        other processes); the events are then not decoded here. None when the trace is not in pieces."""
+    def take_pieces(self) -> Pieces | None:
+        """The pieces, for a caller that decodes them itself (in other processes); the events are then not
+        decoded here. None when the trace is not in pieces."""
         pieces = self.pieces
         if pieces is not None:
             self.pieces = self.chunks = None
@@ -133,7 +186,7 @@ class RawTrace:
             self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
             self.notes.append(f"{self.dropped_events} malformed events ignored")
 
-    def event_chunks(self) -> Iterator[list[Event]]:
+    def event_chunks(self) -> Iterator[list[TraceEvent]]:
         """The events, in file order, as lists; a large Kineto file is decoded 16 MiB at a time so that only
         one piece's Python objects live at once."""
         if self.chunks is None:
@@ -149,7 +202,7 @@ class ReadOptions:
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
-_EVENTS = msgspec.json.Decoder(list[Event])
+_EVENTS = msgspec.json.Decoder(list[AnyEvent])
 _DOCUMENT = msgspec.json.Decoder(Document)
 _OUTLINE = msgspec.json.Decoder(Outline)
 _ANY = msgspec.json.Decoder()
@@ -406,7 +459,7 @@ def _replace_lone_surrogates(data: bytearray) -> int:
     return count
 
 
-def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrace:
+def decode(path: str, data: bytes | bytearray, salvage: bool = False, whole: bool = False) -> RawTrace:
     """Decode trace JSON into events; raise TraceError with a one-line reason when it is not a trace."""
     notes: list[str] = []
     wide = _utf16_to_utf8(data)
@@ -420,12 +473,13 @@ def decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrac
         fixed = _replace_lone_surrogates(data)
         if fixed:
             notes.append(f"{fixed} lone UTF-16 surrogate(s) in strings replaced with U+FFFD")
-    raw = _decode(path, data, salvage)
+    raw = _decode(path, data, salvage, whole)
     raw.notes[:0] = notes
+    raw.rewritten = raw.rewritten or bool(notes)
     return raw
 
 
-def _decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTrace:
+def _decode(path: str, data: bytes | bytearray, salvage: bool = False, whole: bool = False) -> RawTrace:
     if data[:3] == b"\xef\xbb\xbf":
         if isinstance(data, bytearray):
             data[:3] = b"   "  # our own copy: blank the BOM out rather than copy the rest (offsets stay)
@@ -441,7 +495,12 @@ def _decode(path: str, data: bytes | bytearray, salvage: bool = False) -> RawTra
         if head == b"[":
             return _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
-            chunked = _chunked(path, data) if len(data) > CHUNK_BYTES else None
+            chunked = None
+            if len(data) > CHUNK_BYTES:
+                chunked = _outlined(path, data) if whole else _chunked(path, data)
+            if chunked is not None:
+                assert chunked.pieces is not None
+                chunked.pieces.salvage = salvage
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
@@ -479,28 +538,111 @@ def _decode_nonfinite(path: str, data: bytes | bytearray, salvage: bool) -> RawT
     """Python's json writes NaN and Infinity, which JSON does not allow: read them as missing values (null)."""
     cleaned, count = _NONFINITE_TOKEN.subn(rb"\1null", data)
     if isinstance(data, bytearray):
-        del data[:]  # our own copy: free it before decoding the cleaned one
+        with contextlib.suppress(BufferError):  # views of it may still live (a piece decoded before)
+            del data[:]  # our own copy: free it before decoding the cleaned one
     raw = decode(path, bytearray(cleaned), salvage)
     raw.notes.append(f"{count} NaN/Infinity values read as missing")
     return raw
 
 
 CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
+MIN_PIECE_BYTES = 2 << 20  # smaller pieces cost more in fixed per-piece work than they spread
+PIECES_PER_PROCESS = 3  # with several processes decoding: enough pieces each that none waits long for the last
+
+
+def piece_bytes(size: int) -> int:
+    """How large a piece of a `size`-byte trace is: CHUNK_BYTES, or less when several processes decode it, so
+    that each has a few pieces."""
+    processes = workers.read_processes()
+    if processes <= 1:
+        return CHUNK_BYTES
+    return min(CHUNK_BYTES, max(MIN_PIECE_BYTES, size // (PIECES_PER_PROCESS * processes)))
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 # Between two events: "}," then "{", with or without whitespace (Kineto indents, PyTorch's compact layout and
 # most other writers do not).
 _EVENT_GAP = re.compile(rb"\},\s*\{")
+TAIL_ATTEMPTS = 4
+
+
+@dataclass
+class Pieces:
+    """A large trace's event list cut where one event ends and the next begins: `spans` are data[lo:hi] ("{" to
+    "}"), in file order. `source` names the file whose bytes `data` is, unchanged, when it is one (a worker
+    process may then read its piece from there instead of being sent it)."""
+    data: bytes | bytearray
+    spans: list[tuple[int, int]]
+    source: str | None = None
+    salvage: bool = False  # how the document was read, for decoding it again whole
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+
+class _PhaseOnly(msgspec.Struct, gc=False):
+    ph: str
+
+
+_PHASES = msgspec.json.Decoder(list[_PhaseOnly])
 
 
 def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     """Set up a piece-by-piece decode of a large object trace, or None to decode it whole.
 
-    One pass of msgspec over the document (tokens only, no objects) checks that it is valid JSON, decodes
-    the metadata wherever it sits, and gives the event list's exact extent: lists that follow it
-    (deviceProperties, MTIA's INFO/ERROR) are not mistaken for its end. The list is then cut where one event
-    ends and the next begins ("},{" with or without whitespace); each piece is decoded as a list of its own.
-    A cut that lands inside an event (a string holding "},{") shows up as a piece that does not parse: that
-    piece is then joined to the next one."""
+    The list is cut where one event ends and the next begins ("},{" with or without whitespace). Every cut is
+    checked without a pass over the whole document: the fields before the list are decoded with an empty list
+    in its place, the part after the last cut is decoded as a document of its own (which gives the list's end
+    and the fields after it), and the piece before that last cut must be a list of events, so the cut is not
+    past the list's end (in a list such as deviceProperties that follows it) nor inside a string. Any doubt
+    falls back to one pass of msgspec over the whole document (tokens only) for the list's exact extent. A
+    middle cut inside a string shows up as a piece that does not parse; it is then joined to the next one."""
+    key = _EVENTS_KEY.search(data)
+    if key is None:
+        return None
+    begin = key.end() - 1  # the "[" of the first traceEvents key
+    starts, stops = [begin + 1], []
+    step = piece_bytes(len(data))
+    pos = begin + step
+    while pos < len(data):
+        gap = _EVENT_GAP.search(data, pos)
+        if gap is None:
+            break
+        stops.append(gap.start() + 1)
+        starts.append(gap.end() - 1)
+        pos = gap.end() + step
+    try:
+        head = _OUTLINE.decode(bytes(data[:begin]) + b"[]}")
+    except msgspec.MsgspecError:
+        return _outlined(path, data)
+    view = memoryview(data)
+    for _ in range(TAIL_ATTEMPTS):
+        if len(starts) < 2:
+            break
+        try:
+            tail = _OUTLINE.decode(b'{"traceEvents":[' + view[starts[-1]:])
+            _PHASES.decode(bracketed(view, starts[-2], stops[-1]))
+        except msgspec.MsgspecError:
+            starts.pop()
+            stops.pop()
+            continue
+        # Each field is before the list or after it: the tail's where it has one (a repeated key's last value).
+        meta = {name: getattr(head, name) if getattr(tail, name) in (None, []) else getattr(tail, name)
+                for name in Metadata.__struct_fields__}
+        # The tail's list is "[" + the last events + "]": the last piece ends where that "]" is in data.
+        stops.append(starts[-1] + len(tail.traceEvents) - 2)
+        return _in_pieces(RawTrace(path, len(data), Document(traceEvents=[], **meta)),
+                          Pieces(data, list(zip(starts, stops, strict=True))))
+    return _outlined(path, data)
+
+
+def _in_pieces(raw: RawTrace, pieces: Pieces) -> RawTrace:
+    raw.chunks = lambda: decode_pieces(raw, pieces)
+    raw.pieces = pieces
+    return raw
+
+
+def _outlined(path: str, data: bytes | bytearray) -> RawTrace | None:
+    """The event list's exact extent from one pass of msgspec over the whole document, then cut as _chunked
+    does; None to decode it whole."""
     outline = _OUTLINE.decode(data)
     key = _EVENTS_KEY.search(data)
     if key is None:
@@ -512,47 +654,72 @@ def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
         return None
     meta = Document(traceEvents=[], **{name: getattr(outline, name) for name in Metadata.__struct_fields__})
     del outline
-    # Piece i holds the events in data[starts[i]:stops[i]], "{" to "}" (a JSON list without its brackets).
     starts, stops = [begin + 1], []
-    pos = begin + CHUNK_BYTES
+    step = piece_bytes(len(data))
+    pos = begin + step
     while pos < end:
         gap = _EVENT_GAP.search(data, pos, end)
         if gap is None:
             break
         stops.append(gap.start() + 1)
         starts.append(gap.end() - 1)
-        pos = gap.end() + CHUNK_BYTES
+        pos = gap.end() + step
     stops.append(end)
-    raw = RawTrace(path, len(data), meta)
-    pieces = list(zip(starts, stops, strict=True))
-    raw.chunks = lambda: decode_pieces(raw, data, pieces)
-    raw.pieces = (data, pieces)
-    return raw
+    return _in_pieces(RawTrace(path, len(data), meta), Pieces(data, list(zip(starts, stops, strict=True))))
 
 
-def decode_pieces(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]]) -> Iterator[list[Event]]:
-    """The events of each piece in turn; a piece that does not parse (cut inside an event) is joined to the next."""
+def decode_pieces(raw: RawTrace, pieces: Pieces, first: int = 0) -> Iterator[list[TraceEvent]]:
+    """The events of each piece in turn from piece `first`; a piece that does not parse (cut inside an event)
+    is joined to the next."""
     raw.chunks = raw.pieces = None  # read once: the file's buffer goes with the last piece, not with the trace
-    view = memoryview(data)
-    i = 0
-    while i < len(pieces):
-        lo, hi = pieces[i]
+    data, spans = pieces.data, pieces.spans
+    i = first
+    while i < len(spans):
+        lo, hi = spans[i]
         j = i
         while True:
-            piece = bracketed(view, lo, hi)
             try:
-                events = decode_piece(raw, piece)
+                events = decode_span(raw, data, lo, hi)
                 break
             except msgspec.DecodeError:
-                # A cut inside an event: join the next piece (the outline pass checked the whole is valid).
-                if j + 1 >= len(pieces):
-                    raise
+                # A cut inside an event: join the next piece (the cuts around it were checked).
+                if j + 1 >= len(spans):
+                    raise Undecodable(pieces) from None
                 j += 1
-                hi = pieces[j][1]
-        del piece
+                hi = spans[j][1]
         yield events
         del events
         i = j + 1
+
+
+class Undecodable(Exception):
+    """A trace in pieces whose pieces do not parse even joined: the whole document must be decoded again the
+    careful way (redecode), which finds NaN, numbers out of range or the offset of the JSON error."""
+
+    def __init__(self, pieces: Pieces) -> None:
+        super().__init__("pieces that do not parse")
+        self.pieces = pieces
+
+
+def redecode(raw: RawTrace, pieces: Pieces) -> RawTrace:
+    """The trace decoded again from its bytes as one document, keeping the notes made before it was cut."""
+    again = decode(raw.path, pieces.data, pieces.salvage, whole=True)
+    again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith("malformed events ignored")]
+    again.incomplete = again.incomplete or raw.incomplete
+    return again
+
+
+def decode_span(raw: RawTrace, data: bytes | bytearray, lo: int, hi: int) -> list[TraceEvent]:
+    """The events in data[lo:hi] ("{" to "}"). In our own buffer the bytes either side are turned into "[" and
+    "]" for the call and put back after, rather than copying the piece."""
+    if not isinstance(data, bytearray) or lo < 1 or hi >= len(data):
+        return decode_piece(raw, bracketed(memoryview(data), lo, hi))
+    before, after = data[lo - 1], data[hi]
+    data[lo - 1], data[hi] = 0x5B, 0x5D
+    try:
+        return decode_piece(raw, memoryview(data)[lo - 1:hi + 1])
+    finally:
+        data[lo - 1], data[hi] = before, after
 
 
 def bracketed(view: memoryview, lo: int, hi: int) -> bytearray:
@@ -564,7 +731,7 @@ def bracketed(view: memoryview, lo: int, hi: int) -> bytearray:
     return piece
 
 
-def decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[Event]:
+def decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[TraceEvent]:
     """One piece's events; malformed ones are dropped and counted on `raw`. DecodeError when it is not JSON."""
     try:
         return _EVENTS.decode(piece)
@@ -645,7 +812,7 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
         raise TraceError("not-a-trace", f"JSON {type(document).__name__} is not a trace")
     if not isinstance(events, list):
         raise TraceError("not-a-trace", f"traceEvents is a {type(events).__name__}, not a list")
-    kept: list[Event] = []
+    kept: list[TraceEvent] = []
     dropped = 0
     for item in events:
         event = _coerce_event(item)
@@ -660,17 +827,25 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
         doc = Document(traceEvents=[])
     doc.traceEvents = kept
     notes = [f"{dropped} malformed events ignored"] if dropped else []
-    return RawTrace(path, size, doc, dropped, notes)
+    raw = RawTrace(path, size, doc, dropped, notes)
+    return _checked_list(raw) if isinstance(document, list) else raw
 
 
 _RAW_FIELDS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs"}
 
 
-def _coerce_event(item: Any) -> Event | None:
+def _coerce_event(item: Any) -> TraceEvent | None:
+    """An event from decoded JSON, or None when it is not an object or a field the model reads will not
+    convert. An unknown or missing phase gives an event that no table takes, as any unread phase does."""
     if not isinstance(item, dict):
         return None
+    phase = item.get("ph")
+    kind = READ_PHASES.get(phase) if isinstance(phase, str) else None
+    if kind is None:
+        skipped = SKIPPED_PHASES.get(phase) if isinstance(phase, str) else None
+        return skipped() if skipped is not None else Unphased()
     try:
-        event = msgspec.convert({k: v for k, v in item.items() if k != "args"}, Event, strict=False)
+        event = msgspec.convert({k: v for k, v in item.items() if k not in ("args", "ph")}, kind, strict=False)
     except msgspec.ValidationError:
         return None
     if isinstance(item.get("args"), dict):
@@ -710,7 +885,6 @@ def _what_is_it(document: dict[str, Any]) -> str:
     return f"JSON object without traceEvents (keys: {shown})"
 
 
-CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
 DECODE_FACTOR = 2.5  # memory for events and tables, beyond the bytes themselves, per byte of trace (measured
 # peaks run 2.5-4.5x the trace, bytes included)
 ADDRESS_SPACE_FACTOR = 8.0  # address space the analysis maps per byte of trace (measured: 1.0 GB for 137 MB),
@@ -764,10 +938,11 @@ def check_memory(size: int) -> None:
     available = available_memory()
     gib = 2**30
     if available is not None:
-        share = available // max(1, CONCURRENT_JOBS)
+        share = available // max(1, workers.CONCURRENT_JOBS)
         needed = int(size * DECODE_FACTOR)
         if needed > share:
-            each = f" for each of {CONCURRENT_JOBS} jobs" if CONCURRENT_JOBS > 1 else ""
+            jobs = workers.CONCURRENT_JOBS
+            each = f" for each of {jobs} jobs" if jobs > 1 else ""
             raise TraceError("too-large", f"needs about {needed / gib:.1f} GiB of memory to analyse and "
                              f"{share / gib:.1f} GiB is available{each}; free memory, use --jobs 1 or split "
                              "the trace")
@@ -778,11 +953,27 @@ def check_memory(size: int) -> None:
                          "the trace")
 
 
+def _is_file_of(path: str, data: bytes | bytearray) -> bool:
+    """Whether `data` is the local file's bytes as they are (not gunzipped, not a stream or URL)."""
+    from attntrace import sources
+
+    if path == "-" or sources.is_url(path):
+        return False
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == len(data) and data[:2] != b"\x1f\x8b"
+
+
 def read(path: str, options: ReadOptions = ReadOptions()) -> RawTrace:
     data, cut = load_bytes(path, options.max_bytes, options.salvage)
     check_memory(len(data))
     if not cut:
-        return decode(path, data, options.salvage)
+        raw = decode(path, data, options.salvage)
+        if raw.pieces is not None and raw.pieces.data is data and not raw.rewritten and _is_file_of(path, data):
+            raw.pieces.source = path
+        return raw
     try:
         raw = decode(path, data, salvage=False)
     except TraceError:
@@ -833,7 +1024,7 @@ def _note_salvaged(raw: RawTrace, size: int) -> None:
         return
     pieces = raw.chunks
 
-    def counted() -> Iterator[list[Event]]:
+    def counted() -> Iterator[list[TraceEvent]]:
         events = 0
         for piece in pieces():
             events += len(piece)

@@ -38,7 +38,9 @@ STAGES = """
 import json, resource, sys, time
 t = [time.perf_counter()]
 from attntrace import lint as engine, model, reader, summary
+from attntrace.model import tables
 t.append(time.perf_counter())
+tables.warm_up(sys.argv[1])  # as loading.load does: the worker server starts while the file is read
 raw = reader.read(sys.argv[1])
 t.append(time.perf_counter())
 trace = model.build(raw)
@@ -49,7 +51,7 @@ summary.summarize(trace)
 t.append(time.perf_counter())
 report = engine.lint_trace(trace)
 t.append(time.perf_counter())
-names = ["import", "read + outline", "decode + tables + kernel classes", "links + steps", "summary", "rules"]
+names = ["import", "read + cut", "decode + tables + kernel classes", "links + steps", "summary", "rules"]
 print(json.dumps({n: b - a for n, a, b in zip(names, t, t[1:])}))
 """
 
@@ -132,6 +134,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, help="measure the attntrace package in this source tree (e.g. a "
                         "`git archive` of an older commit) instead of the installed one")
     parser.add_argument("--no-stages", action="store_true", help="skip the in-process time per stage")
+    parser.add_argument("--curve", action="store_true", help="time the read stage (read + decode + tables) with 1, "
+                        "2, 4, ... processes up to the cores here (ATTNTRACE_READ_WORKERS)")
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
@@ -172,6 +176,8 @@ def main() -> None:
                   f"{kinds.get('events', 0) / wall / 1e3:.0f}k events/s, peak {peak / 2**20:.0f} MiB = "
                   f"{peak / size:.2f}x the file, {wall / bare:.2f}x orjson.loads   "
                   "(goals >= 150 MB/s, <= 2.5x, <= 0.65x)")
+        if args.curve:
+            read_curve(big, args.repeats)
         if not args.no_stages:
             stages = [json.loads(subprocess.run([PYTHON, "-c", STAGES, str(big)], check=True, capture_output=True,
                                                 text=True, **RUN).stdout) for _ in range(args.repeats)]
@@ -182,6 +188,23 @@ def main() -> None:
     print(f"attntrace lint on a small trace ({args.small.stat().st_size / 1024:.0f} KiB gz): "
           f"median {walls[2]:.3f} s wall "
           "over 5 runs (goal <= 0.3 s)")
+
+
+def read_curve(big: Path, repeats: int) -> None:
+    """The read stage's wall time with N processes decoding one trace, its speed-up over one and the speed-up
+    per process (goal: at least 0.6 x N)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    counts = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n <= cores} | {cores})
+    times: dict[int, float] = {}
+    for n in counts:
+        env = {**RUN.get("env", os.environ), "ATTNTRACE_READ_WORKERS": str(n)}
+        runs = [json.loads(subprocess.run([PYTHON, "-c", STAGES, str(big)], check=True, capture_output=True,
+                                          text=True, cwd=RUN.get("cwd"), env=env).stdout) for _ in range(repeats)]
+        times[n] = statistics.median(r["read + cut"] + r["decode + tables + kernel classes"] for r in runs)
+    print("  read stage (read + cut + decode + tables) by processes decoding one trace:")
+    for n in counts:
+        speedup = times[1] / times[n]
+        print(f"    {n:3d} processes: {times[n]:.2f} s, {speedup:.2f}x one process = {speedup / n:.2f} x N")
 
 
 def _machine() -> str:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from conftest import sample
 
-from attntrace import lint, reader
+from attntrace import lint, reader, workers
 from attntrace.catalog import load_rules
 from attntrace.loading import load
 
@@ -58,7 +58,6 @@ def test_a_compact_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: p
 
 
 def test_pieces_decoded_in_worker_processes_give_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from attntrace.model import tables
 
     path = tmp_path / "t.pt.trace.json"
     path.write_bytes(orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train"))
@@ -66,8 +65,8 @@ def test_pieces_decoded_in_worker_processes_give_the_same_tables(tmp_path: Path,
     monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
     here = load(str(path))
     whole = report(str(path))
-    monkeypatch.setenv(tables.WORKERS_ENV, "2")
-    assert tables.read_workers(len(reader.read(str(path)).pieces[1])) == 2
+    monkeypatch.setenv(workers.WORKERS_ENV, "2")
+    assert workers.read_workers(len(reader.read(str(path)).pieces)) == 2
     there = load(str(path))
     for kind in ("ops", "launches", "gpu", "flows", "gpu_annotations", "python"):
         assert getattr(there, kind).equals(getattr(here, kind)), kind

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from conftest import ROOT, SAMPLES, sample
 from test_hostile import run_measured
 
-from attntrace import loading, reader
+from attntrace import loading, reader, workers
 from attntrace.cli import main
 
 NAIVE = sample("bf16_causal_fwd/naive")
@@ -82,7 +82,7 @@ def test_memory_is_checked_per_job_before_decoding(tmp_path: Path, monkeypatch):
     report = orjson.loads(result.stdout)
     assert report["traces"][0]["error"]["kind"] == "too-large" and report["traces"][1]["error"] is None
     assert decoded == [str(small)]
-    monkeypatch.setattr(reader, "CONCURRENT_JOBS", 4)
+    monkeypatch.setattr(workers, "CONCURRENT_JOBS", 4)
     with pytest.raises(reader.TraceError, match="for each of 4 jobs"):
         reader.check_memory(30_000)
 

@@ -6,26 +6,39 @@ Columns are extracted at C speed (attrgetter over the decoded structs), so this 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
-import multiprocessing
 import os
-import re
 import sys
-from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from itertools import chain, compress
 from math import prod
-from operator import attrgetter
-from pathlib import Path
+from operator import attrgetter, methodcaller
 from typing import Any, overload
 
 import msgspec
 import polars as pl
 
-from attntrace.reader import Args, Document, Event, RawTrace, bracketed, decode_piece, decode_pieces
+from attntrace import reader, workers
+from attntrace.reader import (
+    Args,
+    Begin,
+    Complete,
+    Document,
+    End,
+    Event,
+    Pieces,
+    RawTrace,
+    TraceEvent,
+    bracketed,
+    decode_piece,
+    decode_pieces,
+    decode_span,
+)
 
 # Categories by kind, current and older spellings and other vendors (TRACE_FORMAT.md).
 CPU_OP_CATS = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "user_annotation"}
@@ -76,26 +89,22 @@ def _ids(name: str, values: list[Any]) -> pl.Series:
         return pl.Series(name, [str(v) for v in values], dtype=pl.String)
 
 
-def _frame(events: list[Event], base: pl.DataFrame, arg_fields: dict[str, Any]) -> pl.DataFrame:
-    """The table of one kind: `base` holds its name, cat and ts (already taken out for the split); the rest
-    comes out of the structs at C speed."""
+def _columns(events: list[Event], arg_fields: dict[str, Any]) -> dict[str, pl.Series]:
+    """The columns of one kind's events, taken out of the structs at C speed; what derives from them is
+    computed once the pieces are joined (_derive)."""
     columns = {
-        "name": base["name"],
-        "cat": base["cat"],
+        "name": pl.Series("name", list(map(attrgetter("name"), events)), dtype=pl.String),
+        "cat": pl.Series("cat", list(map(attrgetter("cat"), events)), dtype=pl.String),
         "pid": _ids("pid", list(map(attrgetter("pid"), events))),
         "tid": _ids("tid", list(map(attrgetter("tid"), events))),
-        "ts": base["ts"],
-        "dur": series("dur", list(map(attrgetter("dur"), events)), pl.Float64).fill_null(0.0).clip(lower_bound=0.0),
+        "ts": series("ts", list(map(attrgetter("ts"), events)), pl.Float64),
+        "dur": series("dur", list(map(attrgetter("dur"), events)), pl.Float64),
     }
     if arg_fields:
         args = _args(events)
         columns.update({name: series(name, list(map(attrgetter(name), args)), dtype)
                         for name, dtype in arg_fields.items()})
-    frame = pl.DataFrame(columns)
-    if "external_id_old" in frame.columns:
-        frame = frame.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
-            "external_id_old")
-    return frame.with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
+    return columns
 
 
 def _args(events: list[Event]) -> list[Args]:
@@ -186,7 +195,7 @@ class Tables:
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
 
 
-def split(chunks: Iterable[list[Event]]) -> Tables:
+def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
     """Every piece of the event list into a table per kind, in file order; B/E pairs become complete events."""
     return _assemble(*_split_all(chunks))
 
@@ -194,7 +203,7 @@ def split(chunks: Iterable[list[Event]]) -> Tables:
 _Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame]]
 
 
-def _split_all(chunks: Iterable[list[Event]]) -> _Parts:
+def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
@@ -214,144 +223,214 @@ def _split_all(chunks: Iterable[list[Event]]) -> _Parts:
 
 
 def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
-    tables = {kind: _concat(frames) for kind, frames in parts.items()}
+    tables = {kind: _derive(kind, _concat(frames)) for kind, frames in parts.items()}
     op_inputs = pl.concat(inputs, rechunk=True) if len(inputs) > 1 else inputs[0]
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
                   flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
                   python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs))
 
 
-PARALLEL_MIN_PIECES = 4  # below this, starting worker processes costs more than it saves
-# Processes that decode one big trace's pieces (0: one per usable core). Off unless asked for: on the 2-core
-# machine it saved about 10% of the read at 210 MB, and the GPU host's sandbox could not start the workers.
-WORKERS_ENV = "ATTNTRACE_READ_WORKERS"
-
-
-def read_workers(pieces: int) -> int:
-    """How many processes decode a trace of `pieces` pieces (ATTNTRACE_READ_WORKERS; 1 when unset)."""
+def warm_up(path: str) -> None:
+    """Start the worker server while this process reads the file, when the trace looks big enough for workers:
+    its imports then cost no wall time. (A gzip file is guessed at ten times its size.)"""
     try:
-        asked = int(os.environ.get(WORKERS_ENV) or 1)
-    except ValueError:
-        asked = 1
-    if (asked == 1 or pieces < PARALLEL_MIN_PIECES or "forkserver" not in multiprocessing.get_all_start_methods()
-            or not _main_is_guarded()):
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(asked if asked > 0 else cores, pieces))
-
-
-def _main_is_guarded() -> bool:
-    """Whether a worker may start: it imports the program's main module again (as every multiprocessing start
-    method but fork does), which is harmless only when that module runs nothing on import: `python -m pkg`,
-    a console script, an interactive session, or a script with an `if __name__ == "__main__":` guard."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None:
-        return bool(spec.name.endswith(".__main__") or spec.name == "__main__")
-    path = getattr(main, "__file__", None)
-    if path is None:
-        return True
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return False
-    return bool(re.search(r"""__name__\s*==\s*['"]__main__['"]""", text))
+        size = os.stat(path).st_size * (10 if path.endswith(".gz") else 1)
+    except (OSError, ValueError):
+        return
+    if size > reader.CHUNK_BYTES and workers.read_workers(workers.PARALLEL_MIN_PIECES) > 1:
+        workers.warm_up()
 
 
 def split_trace(raw: RawTrace) -> Tables:
     """split() of a trace's events; a big trace's pieces are decoded on every core, each worker returning its
     tables as Arrow IPC, stitched in file order: the tables are the same as from one process."""
-    taken = raw.take_pieces()
-    if taken is None:
+    pieces = raw.take_pieces()
+    if pieces is None:
         return split(raw.event_chunks())
-    data, pieces = taken
-    del taken
-    workers = read_workers(len(pieces))
+    try:
+        return _split_pieces(raw, pieces)
+    except reader.Undecodable:
+        pass  # decoded again below, once the failed attempt's frames (views of the buffer) are gone
+    again = reader.redecode(raw, pieces)
+    del pieces
+    raw.document, raw.notes, raw.dropped_events, raw.incomplete = (again.document, again.notes,
+                                                                   again.dropped_events, again.incomplete)
+    return split(again.event_chunks())
+
+
+def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
+    processes = workers.read_workers(len(pieces))
     done: _Parts | None = None
-    if workers > 1:
+    if processes > 1:
         dropped, notes = raw.dropped_events, list(raw.notes)
-        try:
-            done = _split_parallel(raw, data, pieces, workers)
-        except (OSError, BrokenProcessPool):
-            # No worker processes here (a sandbox, no /dev/shm): one process does it all, from the start.
+        with contextlib.suppress(OSError, BrokenProcessPool):  # no worker processes here (a sandbox)
+            done = _split_parallel(raw, pieces, processes)
+        if done is None:  # one process does it all, from the start
             raw.dropped_events, raw.notes[:] = dropped, notes
     if done is None:
-        done = _split_all(decode_pieces(raw, data, pieces))
-    del data  # the file's buffer goes before the pieces' tables are joined (which briefly doubles them)
+        done = _split_all(decode_pieces(raw, pieces))
+    del pieces  # the file's buffer goes before the pieces' tables are joined (which briefly doubles them)
     return _assemble(*done)
 
 
-def _split_parallel(raw: RawTrace, data: bytes | bytearray, pieces: list[tuple[int, int]], workers: int) -> _Parts:
-    context = multiprocessing.get_context("forkserver")
-    # The workers fork from a fresh server that has imported this module (polars) and run nothing: polars'
-    # thread pool is never inherited half-used, and each worker starts in milliseconds.
-    context.set_forkserver_preload([__name__])
+_PieceParts = tuple[list[pl.DataFrame], pl.DataFrame, list[Event]]  # a frame per kind, op inputs, open events
+
+
+# The pool's threads move pieces and results through pipes 64 KiB at a time, taking the GIL for each: at the
+# default 5 ms switch interval, while this thread decodes, a 16 MiB piece took over a second to reach a worker.
+SWITCH_S = 1e-4
+
+
+def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | None:
+    """This process decodes pieces from the first one on while workers take them from the last one back; the
+    tables are stitched in file order. None when a piece does not parse alone (a cut inside an event)."""
+    done: list[_PieceParts | None] = [None] * len(pieces)
+    view = memoryview(pieces.data)
+
+    def task(i: int) -> bytearray | tuple[str, int, int]:
+        """What a worker needs for piece i: where it is in the file, else a copy of it."""
+        lo, hi = pieces.spans[i]
+        return (pieces.source, lo, hi) if pieces.source else bracketed(view, lo, hi)
+
+    def receive(i: int, future: Future[_PieceTables | None]) -> bool:
+        result = future.result()
+        if result is None:
+            return False
+        frames, piece_inputs, open_json, dropped = result
+        done[i] = ([pl.read_ipc(io.BytesIO(blob)) for blob in frames], pl.read_ipc(io.BytesIO(piece_inputs)),
+                   msgspec.json.decode(open_json, type=list[Begin | End]) if open_json else [])
+        raw.count_dropped(dropped)
+        return True
+
+    collecting = gc.isenabled()
+    gc.disable()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_S)
+    workers.warm_up()  # the server that forks the workers starts with Ctrl-C ignored, if it was not running
+    pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=workers.context(),
+                               initializer=workers.ignore_sigint)
+    try:
+        front, back = 0, len(pieces) - 1
+        running: dict[int, Future[_PieceTables | None]] = {}
+        while True:
+            # A bounded window: the pieces in flight are copies, and all of them at once would double the file.
+            while back > front and len(running) < 2 * (processes - 1):
+                running[back] = pool.submit(_piece_tables, task(back))
+                back -= 1
+            for i in [i for i, future in running.items() if future.done()]:
+                if not receive(i, running.pop(i)):
+                    return None
+            if front > back:
+                break
+            try:
+                events = decode_span(raw, pieces.data, *pieces.spans[front])
+            except msgspec.DecodeError:
+                return None
+            done[front] = _piece_parts(events)
+            del events
+            front += 1
+        for i, future in sorted(running.items()):
+            if not receive(i, future):
+                return None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        sys.setswitchinterval(switch)
+        if collecting:
+            gc.enable()
+    view.release()
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
-    view = memoryview(data)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        running: deque[Future[_PieceTables | None]] = deque()
-        queued = 0
-
-        def feed() -> None:
-            nonlocal queued
-            # A bounded window: the pieces in flight are copies, and all of them at once would double the file.
-            while queued < len(pieces) and len(running) < 2 * workers:
-                lo, hi = pieces[queued]
-                running.append(pool.submit(_piece_tables, bracketed(view, lo, hi)))
-                queued += 1
-
-        feed()
-        done = 0
-        while running:
-            result = running.popleft().result()
-            if result is None:  # a cut inside an event: this process goes on from here, joining pieces
-                for future in running:
-                    future.cancel()
-                for events in decode_pieces(raw, data, pieces[done:]):
-                    _split(events, parts, inputs, open_ended)
-                break
-            frames, piece_inputs, open_json, dropped = result
-            for kind, blob in zip(KINDS, frames, strict=True):
-                parts[kind].append(pl.read_ipc(io.BytesIO(blob)))
-            inputs.append(pl.read_ipc(io.BytesIO(piece_inputs)))
-            if open_json:
-                open_ended.extend(msgspec.json.decode(open_json, type=list[Event]))
-            raw.count_dropped(dropped)
-            done += 1
-            feed()
+    for frames, piece_inputs, piece_open in filter(None, done):
+        for kind, frame in zip(KINDS, frames, strict=True):
+            parts[kind].append(frame)
+        inputs.append(piece_inputs)
+        open_ended.extend(piece_open)
     if open_ended:
         _split(pair_begin_end(open_ended), parts, inputs, [])
     return parts, inputs
 
 
+def _piece_parts(events: list[TraceEvent]) -> _PieceParts:
+    parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
+    inputs: list[pl.DataFrame] = []
+    open_ended: list[Event] = []
+    _split(events, parts, inputs, open_ended)
+    return [parts[kind][0] for kind in KINDS], inputs[0], open_ended
+
+
 _PieceTables = tuple[list[bytes], bytes, bytes, int]
 
 
-def _piece_tables(piece: bytearray) -> _PieceTables | None:
+def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | None:
     """In a worker: one piece's tables as Arrow IPC, its open-ended events as JSON and its dropped events; None
-    when the piece does not parse (a cut inside an event)."""
+    when the piece does not parse (a cut inside an event) or the file no longer holds it."""
     raw = RawTrace("", 0, Document(traceEvents=[]))
     gc.disable()  # a worker does this alone: nothing it makes is cyclic
+    if isinstance(piece, tuple):
+        piece = _read_span(*piece)
+        if piece is None:
+            return None
     try:
         events = decode_piece(raw, piece)
     except msgspec.DecodeError:
         return None
     del piece
-    parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
-    inputs: list[pl.DataFrame] = []
-    open_ended: list[Event] = []
-    _split(events, parts, inputs, open_ended)
+    frames, inputs, open_ended = _piece_parts(events)
     del events
-    return ([_ipc(parts[kind][0]) for kind in KINDS], _ipc(inputs[0]),
+    return ([_ipc(frame) for frame in frames], _ipc(inputs),
             msgspec.json.encode(open_ended) if open_ended else b"", raw.dropped_events)
+
+
+def _read_span(path: str, lo: int, hi: int) -> bytearray | None:
+    """ "[" + the file's bytes lo..hi + "]", or None when they are not a run of events any more (the file changed)."""
+    piece = bytearray(hi - lo + 2)
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(lo)
+            with memoryview(piece) as view:
+                got = fh.readinto(view[1:-1])
+    except OSError:
+        return None
+    if got != hi - lo or piece[1:2] != b"{" or piece[-2:-1].strip() not in (b"}", b""):
+        return None
+    piece[0], piece[-1] = 0x5B, 0x5D
+    return piece
 
 
 def _ipc(frame: pl.DataFrame) -> bytes:
     out = io.BytesIO()
     frame.write_ipc(out)
     return out.getvalue()
+
+
+def _derive(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """A kind's columns that derive from the others, computed once on the joined table: end times, the old
+    spelling of External id, and the kind of each category."""
+    if kind == "flows":
+        return frame
+    frame = frame.with_columns(pl.col("dur").fill_null(0.0).clip(lower_bound=0.0))
+    if "external_id_old" in frame.columns:
+        frame = frame.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
+            "external_id_old")
+    volumes = [c for c in ("grid_blocks", "block_threads") if c in frame.columns]
+    frame = frame.select(pl.exclude(volumes), (pl.col("ts") + pl.col("dur")).alias("end"), *volumes)
+    if kind == "ops":
+        return frame.with_columns(pl.col("cat").replace_strict(CPU_OP_CATS, default="user_annotation"))
+    if kind == "launches":
+        apis = {c: k for c in frame["cat"].unique().to_list() if (k := runtime_kind(c))}
+        return frame.with_columns(
+            pl.col("cat").replace_strict(apis, default="runtime", return_dtype=pl.String).alias("api_kind"),
+            pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
+    if kind == "gpu":
+        return frame.with_columns(
+            pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
+            pl.coalesce("stream", pl.col("tid").cast(pl.Int64, strict=False)).alias("stream"),
+        ).select(pl.exclude(volumes), pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
+                 *volumes)
+    if kind == "python":
+        return frame.select("idx", "name", "pid", "tid", "ts", "end")
+    return frame
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -371,78 +450,84 @@ def pair_begin_end(events: list[Event]) -> list[Event]:
             stack.append(event)
         elif stack:
             begin = stack.pop()
-            complete.append(Event(ph="X", cat=begin.cat or event.cat, name=begin.name or event.name,
+            complete.append(Complete(cat=begin.cat or event.cat, name=begin.name or event.name,
                                   pid=begin.pid, tid=begin.tid, ts=begin.ts, dur=(event.ts or 0.0) - (begin.ts or 0.0),
                                   args=begin.args or event.args))
     return complete
 
 
-def _split(events: list[Event], parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame],
+def _split(events: list[TraceEvent], parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame],
            open_ended: list[Event]) -> None:
     """Turn one piece of the event list into a table per kind, appended to `parts`."""
-    # Split by kind on columns, not in a Python loop: ph, cat, name and ts come out at C speed, once.
-    kinds = pl.DataFrame({
-        "ph": pl.Series(list(map(attrgetter("ph"), events)), dtype=pl.String),
-        "cat": pl.Series(list(map(attrgetter("cat"), events)), dtype=pl.String),
-        "name": pl.Series(list(map(attrgetter("name"), events)), dtype=pl.String),
-        "ts": series("ts", list(map(attrgetter("ts"), events)), pl.Float64),
-    }).with_row_index("i").with_columns(pl.col("ts").is_not_null().alias("timed"))
-    complete = (pl.col("ph") == "X") & pl.col("timed")
-    cats = kinds["cat"].unique().to_list()
-    runtime_cats = {c: k for c in cats if c is not None and (k := runtime_kind(c))}
-    device_cats = list(GPU_CATS) + list(GPU_ANNOTATION_CATS)
-    # Step markers count in any host category (PyTorch 1.8-1.10 wrote them as "Operator").
-    is_op = pl.col("cat").is_in(list(CPU_OP_CATS)) | (
-        pl.col("name").str.starts_with(STEP_PREFIX) & ~pl.col("cat").is_in(device_cats)
-        & ~pl.col("cat").is_in(list(runtime_cats)))
-    flow = pl.col("ph").is_in(["s", "f", "t"]) & pl.col("timed") & pl.col("cat").is_in(list(FLOW_CATS))
-    # One pass gives every kind its rows (memory instants and metadata fall through to none).
-    kind = (pl.when(complete & is_op).then(pl.lit("ops"))
-            .when(complete & pl.col("cat").is_in(list(runtime_cats))).then(pl.lit("launches"))
-            .when(complete & pl.col("cat").is_in(list(GPU_CATS))).then(pl.lit("gpu"))
-            .when(flow).then(pl.lit("flows"))
-            .when(complete & pl.col("cat").is_in(list(GPU_ANNOTATION_CATS))).then(pl.lit("gpu_annotations"))
-            .when(pl.col("ph").is_in(["B", "E"]) & pl.col("timed")).then(pl.lit("open")))
-    rows = kinds.with_columns(kind.alias("kind")).drop("timed").filter(pl.col("kind").is_not_null())
-    by_kind = {str(k[0]): frame.drop("kind") for k, frame in rows.partition_by("kind", as_dict=True).items()}
-    # Python frames apart: one could also be a step marker by its name.
-    by_kind["python"] = kinds.filter(complete & (pl.col("cat") == "python_function")).drop("timed")
-    empty = kinds.clear().drop("timed")
-
-    def pick(name: str) -> tuple[list[Event], pl.DataFrame]:
-        base = by_kind.get(name, empty)
-        return list(map(events.__getitem__, base["i"].to_list())), base
-
-    open_ended.extend(pick("open")[0])
-
-    ops_events, base = pick("ops")
-    inputs.append(_inputs(ops_events))
-    parts["ops"].append(_frame(ops_events, base, _ID_FIELDS).with_columns(
-        pl.col("cat").replace_strict(CPU_OP_CATS, default="user_annotation")))
-
-    parts["launches"].append(_frame(*pick("launches"), {**_ID_FIELDS, "correlation": pl.Int64}).with_columns(
-        pl.col("cat").replace_strict(runtime_cats, default="runtime", return_dtype=pl.String).alias("api_kind"),
-        pl.col("name").is_in(LAUNCH_APIS).alias("is_launch")))
-
-    gpu_events, base = pick("gpu")
-    gpu_args = _args(gpu_events)
-    parts["gpu"].append(_frame(gpu_events, base, _GPU_FIELDS).with_columns(
-        pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
-        _volumes("grid_blocks", list(map(attrgetter("grid"), gpu_args))),
-        _volumes("block_threads", list(map(attrgetter("block"), gpu_args))),
-        pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
-        pl.coalesce("stream", pl.col("tid").cast(pl.Int64, strict=False)).alias("stream")))
-
-    flows, base = pick("flows")
+    groups = _group(events)
+    open_ended.extend(groups["open"])
+    ops = groups["ops"]
+    inputs.append(_inputs(ops))
+    parts["ops"].append(pl.DataFrame(_columns(ops, _ID_FIELDS)))
+    parts["launches"].append(pl.DataFrame(_columns(groups["launches"], {**_ID_FIELDS, "correlation": pl.Int64})))
+    gpu = groups["gpu"]
+    gpu_args = _args(gpu)
+    parts["gpu"].append(pl.DataFrame({
+        **_columns(gpu, _GPU_FIELDS),
+        "grid_blocks": _volumes("grid_blocks", list(map(attrgetter("grid"), gpu_args))),
+        "block_threads": _volumes("block_threads", list(map(attrgetter("block"), gpu_args)))}))
+    flows = groups["flows"]
     parts["flows"].append(pl.DataFrame({
-        "ph": base["ph"], "cat": base["cat"],
+        "ph": pl.Series("ph", list(map(attrgetter("ph"), flows)), dtype=pl.String),
+        "cat": pl.Series("cat", list(map(attrgetter("cat"), flows)), dtype=pl.String),
         "id": _text("id", list(map(attrgetter("id"), flows))),
-        "ts": base["ts"],
+        "ts": series("ts", list(map(attrgetter("ts"), flows)), pl.Float64),
         "tid": _text("tid", list(map(attrgetter("tid"), flows))),
-    }, schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64, "tid": pl.String}))
+    }))
+    parts["gpu_annotations"].append(pl.DataFrame(_columns(groups["gpu_annotations"], {})))
+    parts["python"].append(pl.DataFrame(_columns(groups["python"], {})))
 
-    parts["gpu_annotations"].append(_frame(*pick("gpu_annotations"), {}))
-    parts["python"].append(_frame(*pick("python"), {}).select("name", "pid", "tid", "ts", "end"))
+
+_GROUP_NAMES = ("ops", "launches", "gpu", "flows", "gpu_annotations", "python", "open")
+
+
+def _group(events: list[TraceEvent]) -> dict[str, list[Event]]:
+    """The events of each kind, in file order, by phase and category: complete events by their category,
+    flows in the flow categories, begin/end pairs for pairing later; events without a time are left out.
+    Step markers count as ops in any host category (PyTorch 1.8-1.10 wrote them as "Operator").
+
+    Done at C speed (map, zip, compress): a Python loop over the events would cost more than decoding them."""
+    keys = list(zip(map(type, events), map(attrgetter("cat"), events), strict=True))
+    kind_of = {key: _kind(*key) for key in set(keys)}
+    kinds = list(map(kind_of.__getitem__, keys))
+    del keys
+    groups: dict[str, list[Event]] = {name: [] for name in (*_GROUP_NAMES, "other_host")}
+    for name in set(kind_of.values()) - {"skip"}:
+        group = list(compress(events, map(name.__eq__, kinds)))  # every kind is a str: __eq__ gives a bool
+        if None in map(attrgetter("ts"), group):
+            group = [e for e in group if e.ts is not None]
+        groups[name] = group  # type: ignore[assignment]
+    hosts = chain(groups["python"], groups.pop("other_host"))
+    if any(map(methodcaller("startswith", STEP_PREFIX), map(attrgetter("name"), hosts))):
+        groups["ops"] = [e for e, kind in zip(events, kinds, strict=True)  # type: ignore[misc]
+                         if e.ts is not None and (kind == "ops" or (kind in ("python", "other_host")
+                                                                     and e.name.startswith(STEP_PREFIX)))]
+    return groups
+
+
+def _kind(phase: type, cat: str) -> str:
+    """The group that events of this phase and category go to; other_host: complete events of a host category
+    no table takes (only a step marker among them is read); skip: none."""
+    if phase is Complete:
+        if cat in CPU_OP_CATS:
+            return "ops"
+        if runtime_kind(cat) is not None:
+            return "launches"
+        if cat in GPU_CATS:
+            return "gpu"
+        if cat in GPU_ANNOTATION_CATS:
+            return "gpu_annotations"
+        return "python" if cat == "python_function" else "other_host"
+    if phase in (Begin, End):
+        return "open"
+    if phase.ph in ("s", "f", "t") and cat in FLOW_CATS:
+        return "flows"
+    return "skip"
 
 
 def _text(name: str, values: list[Any]) -> pl.Series:

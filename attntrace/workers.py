@@ -1,0 +1,114 @@
+"""Worker processes that start warm: forked from a server that has already imported the analysis (polars,
+msgspec, the rules) and run nothing else, so a worker is ready in milliseconds instead of importing for half a
+second, and no worker inherits polars' thread pool half-used (as a plain fork of this process would).
+
+Used by `--jobs` (a trace per worker) and by the parallel decode of one large trace (a piece per worker)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from multiprocessing.context import BaseContext
+from pathlib import Path
+
+# What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
+# imports are light; preloading them too delayed the first decoding worker by 0.3 s).
+PRELOAD = ["attntrace.model.tables"]
+CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
+# Processes, this one included, that decode one big trace's pieces: unset or 0 for one per usable core (shared
+# among the --jobs), 1 for this process alone.
+WORKERS_ENV = "ATTNTRACE_READ_WORKERS"
+PARALLEL_MIN_PIECES = 3  # below this, worker processes cost more than they save
+_lock = threading.Lock()
+_context: BaseContext | None = None
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def read_processes() -> int:
+    """How many processes, this one included, may decode one big trace (before its pieces are known)."""
+    try:
+        asked = int(os.environ.get(WORKERS_ENV) or 0)
+    except ValueError:
+        asked = 0
+    if asked <= 0:
+        asked = usable_cores() // max(1, CONCURRENT_JOBS)
+    return max(1, asked) if _main_is_guarded() else 1
+
+
+def read_workers(pieces: int) -> int:
+    """How many processes, this one included, decode a trace of `pieces` pieces."""
+    return 1 if pieces < PARALLEL_MIN_PIECES else min(read_processes(), pieces)
+
+
+def _main_is_guarded() -> bool:
+    """Whether a worker may start: it imports the program's main module again (as every multiprocessing start
+    method but fork does), which is harmless only when that module runs nothing on import: `python -m pkg`,
+    a console script, an interactive session, or a script with an `if __name__ == "__main__":` guard."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return bool(spec.name.endswith(".__main__") or spec.name == "__main__")
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return True
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return False
+    return bool(re.search(r"""__name__\s*==\s*['"]__main__['"]""", text))
+
+
+def context() -> BaseContext:
+    """The forkserver context where this platform has one, else spawn (each worker then imports on its own)."""
+    global _context
+    with _lock:
+        if _context is None:
+            if "forkserver" in multiprocessing.get_all_start_methods():
+                _context = multiprocessing.get_context("forkserver")
+                _context.set_forkserver_preload(PRELOAD)
+            else:
+                _context = multiprocessing.get_context("spawn")
+        return _context
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Start processes with SIGINT ignored, a disposition they keep through exec and fork, so that a Ctrl-C
+    while one starts cannot print its traceback; this process answers Ctrl-C for all. (A blocked mask is not
+    enough: a spawned interpreter gets the signal.) A Ctrl-C in these few milliseconds is lost; any later one
+    stops the run. Only the main thread may set handlers; elsewhere this does nothing."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ignore_sigint() -> None:
+    """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def warm_up() -> None:
+    """Start the server now, so its imports overlap this process's own work (reading the file); harmless when
+    it is running already or cannot start (the pool that needs it then says so)."""
+    ctx = context()
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    with contextlib.suppress(OSError, ValueError), sigint_ignored():
+        forkserver.ensure_running()
