@@ -116,7 +116,16 @@ RUN: dict[str, Any] = {}  # cwd and env of the measured processes (--tree)
 
 
 def timed(argv: list[str]) -> tuple[float, int, str]:
-    """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time; and its stdout."""
+    """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time (else from this process's own
+    clock and the largest peak of its children so far); and its stdout."""
+    if not Path("/usr/bin/time").exists():
+        import resource
+        import time
+
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, **RUN)
+        wall = time.perf_counter() - start
+        return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, done.stdout
     done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %M", *argv], capture_output=True, text=True, check=False,
                           **RUN)
     line = [x for x in done.stderr.splitlines() if x.startswith("@@ ")][-1].split()
@@ -134,6 +143,7 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, help="measure the attntrace package in this source tree (e.g. a "
                         "`git archive` of an older commit) instead of the installed one")
     parser.add_argument("--no-stages", action="store_true", help="skip the in-process time per stage")
+    parser.add_argument("--only-curve", action="store_true", help="the read stage's curve alone (implies --curve)")
     parser.add_argument("--curve", action="store_true", help="time the read stage (read + decode + tables) with 1, "
                         "2, 4, ... processes up to the cores here (ATTNTRACE_READ_WORKERS)")
     parser.add_argument("--build", help=argparse.SUPPRESS)
@@ -156,6 +166,9 @@ def main() -> None:
         size = big.stat().st_size
         print(f"large trace: {size / 1e6:.0f} MB, {args.layout} layout, from {args.source.name} {kinds}")
         print(f"machine: {os.cpu_count()} cores, {_machine()}")
+        if args.only_curve:
+            read_curve(big, args.repeats)
+            return
         rows: dict[str, list[tuple[float, int]]] = {"lint": [], "summary": [], "orjson": []}
         loads: list[float] = []
         for _ in range(args.repeats):

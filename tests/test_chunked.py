@@ -118,3 +118,48 @@ def test_broken_json_inside_a_later_piece_is_a_one_line_error(tmp_path: Path, mo
     result = CliRunner().invoke(main, ["lint", str(path)])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "not valid JSON" in result.stderr and "internal error" not in result.stderr
+
+
+def _tables_of(path: str) -> dict[str, object]:
+    trace = load(path)
+    return {kind: getattr(trace, kind) for kind in ("ops", "launches", "gpu", "flows", "gpu_annotations", "python")}
+
+
+@pytest.mark.parametrize("layout", ["compact", "indented"])
+def test_cuts_never_land_in_the_lists_after_the_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       layout: str):
+    # deviceProperties (a list of objects, so full of "},{") after the events, as Kineto writes it when the
+    # metadata comes last: no piece may be taken from it, and it must still be read as the document's.
+    doc = orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes()))
+    devices = [{"id": i, "name": f"GPU {i}", "totalGlobalMem": 1 << 30, "computeMajor": 9, "computeMinor": 0,
+                "maxThreadsPerBlock": 1024, "numSms": 132, "regsPerBlock": 65536, "sharedMemPerBlock": 49152}
+               for i in range(400)]
+    events = doc.pop("traceEvents")
+    doc.pop("deviceProperties", None)
+    path = tmp_path / "t.pt.trace.json"
+    option = orjson.OPT_INDENT_2 if layout == "indented" else 0
+    path.write_bytes(orjson.dumps({**doc, "traceEvents": events, "deviceProperties": devices}, option=option))
+    whole = report(str(path))
+    for size in (4 << 10, 16 << 10, 64 << 10):
+        monkeypatch.setattr(reader, "CHUNK_BYTES", size)
+        raw = reader.read(str(path))
+        assert raw.pieces is not None and len(raw.pieces) > 3
+        assert [d["name"] for d in raw.document.deviceProperties] == [f"GPU {i}" for i in range(400)]
+        assert report(str(path)) == whole
+
+
+def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
+    plain, packed = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
+    monkeypatch.setenv(workers.WORKERS_ENV, "1")
+    alone = _tables_of(str(plain))
+    assert reader.read(str(plain)).pieces.source == str(plain)
+    assert reader.read(str(packed)).pieces.source is None  # gunzipped: the file does not hold these bytes
+    monkeypatch.setenv(workers.WORKERS_ENV, "3")
+    for path in (plain, packed):
+        for kind, table in _tables_of(str(path)).items():
+            assert table.equals(alone[kind]), (path.name, kind)

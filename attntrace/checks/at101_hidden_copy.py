@@ -65,7 +65,8 @@ def _is_cast(ctx: Context, op: int | None, chain: list[str]) -> bool:
 def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
     """The op chain without user annotations, and the op nearest the copy that is not itself a copy op: the
     one that asked for the copy without saying so (None when the copy was asked for)."""
-    ops = [i for i in ctx.trace.op_ancestors(op) if ctx.trace.ops["cat"][i] != "user_annotation"]
+    cats = ctx.trace.op_cats
+    ops = [i for i in ctx.trace.op_ancestors(op) if cats[i] != "user_annotation"]
     names = [ctx.trace.op_names[i] for i in ops]
     for name in reversed(names):
         if name not in EXPLICIT_COPY_OPS and name not in ALLOCATION_OPS:

@@ -48,7 +48,7 @@ def _thread_sequence(ctx: Context) -> tuple[list[int], dict[int, int]]:
     """The ops the user's code called, per thread in call order: those under nothing but annotations
     (record_function, module and step markers). An attention written across helper functions is one run."""
     parent = ctx.trace.op_parent
-    cats = ctx.trace.ops["cat"].to_list()
+    cats = ctx.trace.op_cats
 
     def internal(op: int) -> bool:
         up = parent[op]

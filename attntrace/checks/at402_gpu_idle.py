@@ -43,10 +43,14 @@ def _idle(ctx: Context, windows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     """Per window: busy time of all the device's activity (communication included) clipped to it, and its
     idle gaps (step, device, start, end), edges included."""
     gpu = ctx.trace.gpu_linked.select(pl.col("device").cast(pl.Int64), "ts", "end")
-    overlaps = (pl.col("ts") < pl.col("w_end")) & (pl.col("end") > pl.col("w_ts"))
-    clipped = (windows.join(gpu, on="device").filter(overlaps)
-               .with_columns(pl.max_horizontal("ts", "w_ts").alias("ts"),
-                             pl.min_horizontal("end", "w_end").alias("end")))
+    # A range join per device (polars' IEJoin), not every window against every kernel: that product held
+    # 30 million rows (600 MB) on a 200 MB trace of 160 steps.
+    per_device = [windows.filter(pl.col("device") == device).join_where(
+                      gpu.filter(pl.col("device") == device).drop("device"),
+                      pl.col("ts") < pl.col("w_end"), pl.col("end") > pl.col("w_ts"))
+                  for device in windows["device"].drop_nulls().unique().sort().to_list()]
+    clipped = (pl.concat(per_device) if per_device else windows.join(gpu, on="device").clear()).with_columns(
+        pl.max_horizontal("ts", "w_ts").alias("ts"), pl.min_horizontal("end", "w_end").alias("end"))
     runs = merged_runs(clipped, KEYS).join(windows, on=KEYS).sort([*KEYS, "ts"])
     inner = (runs.with_columns(pl.col("end").shift(1).over(KEYS).alias("start"))
              .filter(pl.col("start").is_not_null() & (pl.col("ts") > pl.col("start")))

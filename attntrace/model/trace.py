@@ -234,6 +234,10 @@ class Trace:
     def op_names(self) -> list[str]:
         return self.ops["name"].to_list()
 
+    @cached_property
+    def op_cats(self) -> list[str]:
+        return self.ops["cat"].to_list()
+
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
         args = self.op_args[op]
