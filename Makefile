@@ -11,6 +11,8 @@ $(BIN)/attntrace: pyproject.toml
 	# torch pinned to the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,capture,html,test-remote]'
+	# Bytecode for the editable package: where PYTHONDONTWRITEBYTECODE is set, every run would compile it again.
+	$(BIN)/python -m compileall -q attntrace
 	touch $@
 
 install: $(BIN)/attntrace

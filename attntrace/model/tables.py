@@ -152,8 +152,6 @@ class OpInputs(Sequence[Args]):
 
     def __init__(self, frame: pl.DataFrame) -> None:
         self._frame = frame
-        self._rows: list[tuple[bytes | None, ...]] | None = None  # taken out once: a row at a time from polars
-        # costs ~15 us each
 
     def __len__(self) -> int:
         return self._frame.height
@@ -172,9 +170,7 @@ class OpInputs(Sequence[Args]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        if self._rows is None:
-            self._rows = self._frame.rows()
-        return _row_args(self._rows[index])
+        return _row_args(self._frame.row(index))
 
 
 def _row_args(row: tuple[bytes | None, ...]) -> Args:
@@ -227,7 +223,9 @@ def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
 
 
 def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
-    tables = {kind: _derive(kind, _concat(frames)) for kind, frames in parts.items()}
+    tables = {}
+    for kind in KINDS:  # one kind's pieces at a time: joining all at once would hold every table twice
+        tables[kind] = _derive(kind, _concat(parts.pop(kind)))
     op_inputs = pl.concat(inputs, rechunk=True) if len(inputs) > 1 else inputs[0]
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
                   flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
@@ -248,13 +246,14 @@ def warm_up(path: str) -> None:
 def split_trace(raw: RawTrace) -> Tables:
     """split() of a trace's events; a big trace's pieces are decoded on every core, each worker returning its
     tables as Arrow IPC, stitched in file order: the tables are the same as from one process."""
-    pieces = raw.take_pieces()
-    if pieces is None:
+    if raw.pieces is None:
         return split(raw.event_chunks())
     try:
-        return _split_pieces(raw, pieces)
-    except reader.Undecodable:
-        pass  # decoded again below, once the failed attempt's frames (views of the buffer) are gone
+        # Not held here: the file's buffer goes as soon as the pieces are decoded, before their tables are joined.
+        return _split_pieces(raw, raw.take_pieces())  # type: ignore[arg-type]
+    except reader.Undecodable as failed:
+        pieces = failed.pieces
+    # Decoded again here, once the failed attempt's frames (views of the buffer) are gone.
     again = reader.redecode(raw, pieces)
     del pieces
     raw.document, raw.notes, raw.dropped_events, raw.incomplete = (again.document, again.notes,
@@ -273,7 +272,7 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
             raw.dropped_events, raw.notes[:] = dropped, notes
     if done is None:
         done = _split_all(decode_pieces(raw, pieces))
-    del pieces  # the file's buffer goes before the pieces' tables are joined (which briefly doubles them)
+    pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
     return _assemble(*done)
 
 
@@ -283,6 +282,7 @@ _PieceParts = tuple[list[pl.DataFrame], pl.DataFrame, list[Event]]  # a frame pe
 # The pool's threads move pieces and results through pipes 64 KiB at a time, taking the GIL for each: at the
 # default 5 ms switch interval, while this thread decodes, a 16 MiB piece took over a second to reach a worker.
 SWITCH_S = 1e-4
+IN_FLIGHT_PER_WORKER = 4
 
 
 def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | None:
@@ -317,8 +317,9 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         front, back = 0, len(pieces) - 1
         running: dict[int, Future[_PieceTables | None]] = {}
         while True:
-            # A bounded window: the pieces in flight are copies, and all of them at once would double the file.
-            while back > front and len(running) < 2 * (processes - 1):
+            # A bounded window: pieces in flight may be copies (all of them at once would double the file); wide
+            # enough that a worker never waits for this process to finish its own piece before it gets another.
+            while back > front and len(running) < IN_FLIGHT_PER_WORKER * (processes - 1):
                 running[back] = pool.submit(_piece_tables, task(back))
                 back -= 1
             for i in [i for i, future in running.items() if future.done()]:
