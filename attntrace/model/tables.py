@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import chain, compress
 from math import prod
 from operator import attrgetter, methodcaller
+from pathlib import Path
 from typing import Any, overload
 
 import msgspec
@@ -271,6 +272,8 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
         if done is None:  # one process does it all, from the start
             raw.dropped_events, raw.notes[:] = dropped, notes
     if done is None:
+        if not pieces.data and pieces.source:  # let go during the parallel attempt: the file holds it
+            pieces.data = bytearray(Path(pieces.source).read_bytes())
         done = _split_all(decode_pieces(raw, pieces))
     pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
     return _assemble(*done)
@@ -327,15 +330,21 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                     return None
             if front > back:
                 break
+            if front == back and pieces.source:
+                # Every other piece is done or with a worker, which reads it from the file: the buffer can go
+                # once this last piece is decoded, before the workers' tables arrive.
+                view.release()
             try:
                 events = decode_span(raw, pieces.data, *pieces.spans[front])
             except msgspec.DecodeError:
                 return None
             done[front] = _piece_parts(events)
             del events
+            if front == back and pieces.source:
+                pieces.data = b""
             front += 1
-        for i, future in sorted(running.items()):
-            if not receive(i, future):
+        for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
+            if not receive(i, running.pop(i)):
                 return None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
