@@ -87,6 +87,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     copies = ctx.gpu.filter(((pl.col("kind") == "memcpy") & pl.col("name").str.contains("DtoD"))
                             | (pl.col("cls") == "copy"))
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    ctx.trace.prefetch_inputs(copies["op"].to_list())
     for row in copies.iter_rows(named=True):
         chain, asked_by = culprit(ctx, row["op"])
         if asked_by is None or asked_by in OWN_OUTPUT_OPS or _is_cast(ctx, row["op"], chain):

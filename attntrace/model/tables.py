@@ -173,6 +173,10 @@ class OpInputs(Sequence[Args]):
             raise IndexError(index)
         return _row_args(self._frame.row(index))
 
+    def take(self, indices: list[int]) -> list[Args]:
+        """The args of many ops in one gather (a row at a time costs ~15 us each in polars)."""
+        return [_row_args(row) for row in self._frame[indices].rows()]
+
 
 def _row_args(row: tuple[bytes | None, ...]) -> Args:
     dims, types, concrete = (msgspec.Raw(value or b"") for value in row)

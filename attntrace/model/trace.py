@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -14,6 +15,9 @@ from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.reader import Args, decode_raw
+
+if TYPE_CHECKING:
+    from attntrace.model.tables import OpInputs
 
 PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
 # Frames that are not the user's code: the interpreter, torch and installed libraries.
@@ -54,6 +58,10 @@ class TraceMeta:
         return "unknown"
 
 
+def _decoded(args: Args) -> tuple[Any, Any, Any]:
+    return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
+
+
 @dataclass
 class Trace:
     path: str
@@ -64,7 +72,7 @@ class Trace:
     gpu: pl.DataFrame  # kernels, memcpys, memsets: ..., kind, cls, group, correlation, device, stream, launch config
     gpu_annotations: pl.DataFrame
     flows: pl.DataFrame
-    op_args: list[Args]  # each op's args, in ops-table order, for its raw input fields
+    op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
     python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
 
     # --- steps ------------------------------------------------------------------------------------
@@ -238,10 +246,21 @@ class Trace:
     def op_cats(self) -> list[str]:
         return self.ops["cat"].to_list()
 
+    @cached_property
+    def _inputs(self) -> dict[int, tuple[Any, Any, Any]]:
+        return {}
+
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
-        args = self.op_args[op]
-        return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
+        found = self._inputs.get(op)
+        if found is None:
+            found = self._inputs[op] = _decoded(self.op_args[op])
+        return found
+
+    def prefetch_inputs(self, ops: Iterable[int | None]) -> None:
+        """Decode the input fields of many ops at once, for a rule that will ask for each of them."""
+        wanted = sorted({op for op in ops if op is not None} - self._inputs.keys())
+        self._inputs.update(zip(wanted, map(_decoded, self.op_args.take(wanted)), strict=True))
 
     @property
     def has_shapes(self) -> bool:
