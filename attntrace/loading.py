@@ -5,7 +5,6 @@ No input can take the others down: an exception becomes that input's error, and 
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -75,8 +74,7 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
 
 
 def _init_worker(jobs: int) -> None:
-    # Ctrl-C reaches the whole process group: the parent answers it, the workers just stop with it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    workers.ignore_sigint()
     workers.CONCURRENT_JOBS = jobs
 
 

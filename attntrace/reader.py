@@ -97,28 +97,16 @@ class Event(TraceEvent):
     args: Args | None = None
 
 
-class Complete(Event, tag="X"):
-    ph: ClassVar[str] = "X"
+def _phase_struct(name: str, phase: str, base: type[TraceEvent]) -> Any:
+    """The struct of one phase: tagged with it, and its `ph` a class attribute (read by attrgetter("ph") like a
+    field, stored in no event)."""
+    return msgspec.defstruct(name, [], bases=(base,), tag=phase, namespace={"ph": phase}, gc=False)
 
 
-class Begin(Event, tag="B"):
-    ph: ClassVar[str] = "B"
-
-
-class End(Event, tag="E"):
-    ph: ClassVar[str] = "E"
-
-
-class FlowStart(Event, tag="s"):
-    ph: ClassVar[str] = "s"
-
-
-class FlowStep(Event, tag="t"):
-    ph: ClassVar[str] = "t"
-
-
-class FlowEnd(Event, tag="f"):
-    ph: ClassVar[str] = "f"
+# The phases the model reads, with the fields of Event.
+Complete, Begin, End, FlowStart, FlowStep, FlowEnd = (
+    _phase_struct(name, phase, Event) for name, phase in (("Complete", "X"), ("Begin", "B"), ("End", "E"),
+                                                           ("FlowStart", "s"), ("FlowStep", "t"), ("FlowEnd", "f")))
 
 
 class Unphased(TraceEvent):
@@ -128,7 +116,7 @@ class Unphased(TraceEvent):
 READ_PHASES: dict[str, type[Event]] = {c.ph: c for c in (Complete, Begin, End, FlowStart, FlowStep, FlowEnd)}
 # Every other phase of the Trace Event Format: decoded as an empty struct of its own.
 SKIPPED_PHASES: dict[str, type[TraceEvent]] = {
-    ph: msgspec.defstruct(f"Skipped_{i}", [], bases=(TraceEvent,), tag=ph, namespace={"ph": ph})
+    ph: _phase_struct(f"Skipped_{i}", ph, TraceEvent)
     for i, ph in enumerate(("i", "I", "M", "C", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")",
                             "T", "p", "S", "F"))}
 AnyEvent: Any = functools.reduce(operator.or_, [*READ_PHASES.values(), *SKIPPED_PHASES.values()])
@@ -498,9 +486,6 @@ def _decode(path: str, data: bytes | bytearray, salvage: bool = False, whole: bo
             chunked = None
             if len(data) > CHUNK_BYTES:
                 chunked = _outlined(path, data) if whole else _chunked(path, data)
-            if chunked is not None:
-                assert chunked.pieces is not None
-                chunked.pieces.salvage = salvage
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
@@ -557,6 +542,8 @@ def piece_bytes(size: int) -> int:
     if processes <= 1:
         return CHUNK_BYTES
     return min(CHUNK_BYTES, max(MIN_PIECE_BYTES, size // (PIECES_PER_PROCESS * processes)))
+
+
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 # Between two events: "}," then "{", with or without whitespace (Kineto indents, PyTorch's compact layout and
 # most other writers do not).
@@ -572,7 +559,6 @@ class Pieces:
     data: bytes | bytearray
     spans: list[tuple[int, int]]
     source: str | None = None
-    salvage: bool = False  # how the document was read, for decoding it again whole
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -599,16 +585,7 @@ def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     if key is None:
         return None
     begin = key.end() - 1  # the "[" of the first traceEvents key
-    starts, stops = [begin + 1], []
-    step = piece_bytes(len(data))
-    pos = begin + step
-    while pos < len(data):
-        gap = _EVENT_GAP.search(data, pos)
-        if gap is None:
-            break
-        stops.append(gap.start() + 1)
-        starts.append(gap.end() - 1)
-        pos = gap.end() + step
+    starts, stops = _cuts(data, begin, len(data))
     try:
         head = _OUTLINE.decode(bytes(data[:begin]) + b"[]}")
     except msgspec.MsgspecError:
@@ -634,6 +611,22 @@ def _chunked(path: str, data: bytes | bytearray) -> RawTrace | None:
     return _outlined(path, data)
 
 
+def _cuts(data: bytes | bytearray, begin: int, end: int) -> tuple[list[int], list[int]]:
+    """Where pieces of the list opened at `begin` start ("{") and where all but the last stop (after "}"),
+    cutting at the first gap between two events past each piece's size, before `end`."""
+    starts, stops = [begin + 1], []
+    step = piece_bytes(len(data))
+    pos = begin + step
+    while pos < end:
+        gap = _EVENT_GAP.search(data, pos, end)
+        if gap is None:
+            break
+        stops.append(gap.start() + 1)
+        starts.append(gap.end() - 1)
+        pos = gap.end() + step
+    return starts, stops
+
+
 def _in_pieces(raw: RawTrace, pieces: Pieces) -> RawTrace:
     raw.chunks = lambda: decode_pieces(raw, pieces)
     raw.pieces = pieces
@@ -654,26 +647,17 @@ def _outlined(path: str, data: bytes | bytearray) -> RawTrace | None:
         return None
     meta = Document(traceEvents=[], **{name: getattr(outline, name) for name in Metadata.__struct_fields__})
     del outline
-    starts, stops = [begin + 1], []
-    step = piece_bytes(len(data))
-    pos = begin + step
-    while pos < end:
-        gap = _EVENT_GAP.search(data, pos, end)
-        if gap is None:
-            break
-        stops.append(gap.start() + 1)
-        starts.append(gap.end() - 1)
-        pos = gap.end() + step
+    starts, stops = _cuts(data, begin, end)
     stops.append(end)
     return _in_pieces(RawTrace(path, len(data), meta), Pieces(data, list(zip(starts, stops, strict=True))))
 
 
-def decode_pieces(raw: RawTrace, pieces: Pieces, first: int = 0) -> Iterator[list[TraceEvent]]:
-    """The events of each piece in turn from piece `first`; a piece that does not parse (cut inside an event)
-    is joined to the next."""
+def decode_pieces(raw: RawTrace, pieces: Pieces) -> Iterator[list[TraceEvent]]:
+    """The events of each piece in turn; a piece that does not parse (cut inside an event) is joined to the
+    next."""
     raw.chunks = raw.pieces = None  # read once: the file's buffer goes with the last piece, not with the trace
     data, spans = pieces.data, pieces.spans
-    i = first
+    i = 0
     while i < len(spans):
         lo, hi = spans[i]
         j = i
@@ -702,8 +686,9 @@ class Undecodable(Exception):
 
 
 def redecode(raw: RawTrace, pieces: Pieces) -> RawTrace:
-    """The trace decoded again from its bytes as one document, keeping the notes made before it was cut."""
-    again = decode(raw.path, pieces.data, pieces.salvage, whole=True)
+    """The trace decoded again from its bytes as one document, keeping the notes made before it was cut. (Its
+    tail parsed, so it is not cut off: nothing to salvage.)"""
+    again = decode(raw.path, pieces.data, whole=True)
     again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith("malformed events ignored")]
     again.incomplete = again.incomplete or raw.incomplete
     return again

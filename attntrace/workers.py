@@ -1,6 +1,6 @@
-"""Worker processes that start warm: forked from a server that has already imported the analysis (polars,
-msgspec, the rules) and run nothing else, so a worker is ready in milliseconds instead of importing for half a
-second, and no worker inherits polars' thread pool half-used (as a plain fork of this process would).
+"""Worker processes that start warm: forked from a server that has already imported polars, msgspec and the
+decoding, and runs nothing else, so a worker is ready in milliseconds instead of importing for half a second,
+and no worker inherits polars' thread pool half-used (as a plain fork of this process would).
 
 Used by `--jobs` (a trace per worker) and by the parallel decode of one large trace (a piece per worker)."""
 

@@ -116,16 +116,7 @@ RUN: dict[str, Any] = {}  # cwd and env of the measured processes (--tree)
 
 
 def timed(argv: list[str]) -> tuple[float, int, str]:
-    """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time (else from this process's own
-    clock and the largest peak of its children so far); and its stdout."""
-    if not Path("/usr/bin/time").exists():
-        import resource
-        import time
-
-        start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, **RUN)
-        wall = time.perf_counter() - start
-        return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, done.stdout
+    """Wall seconds and peak RSS (bytes) of a whole process, from /usr/bin/time; and its stdout."""
     done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %M", *argv], capture_output=True, text=True, check=False,
                           **RUN)
     line = [x for x in done.stderr.splitlines() if x.startswith("@@ ")][-1].split()

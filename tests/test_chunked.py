@@ -150,6 +150,8 @@ def test_cuts_never_land_in_the_lists_after_the_events(tmp_path: Path, monkeypat
 
 def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch):
+    from attntrace.model import tables
+
     text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
     plain, packed = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
     plain.write_bytes(text)
@@ -161,5 +163,25 @@ def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp
     assert reader.read(str(packed)).pieces.source is None  # gunzipped: the file does not hold these bytes
     monkeypatch.setenv(workers.WORKERS_ENV, "3")
     for path in (plain, packed):
+        raw = reader.read(str(path))
+        assert tables._split_parallel(raw, raw.take_pieces(), 3) is not None  # no fallback to one process
         for kind, table in _tables_of(str(path)).items():
             assert table.equals(alone[kind]), (path.name, kind)
+
+
+def test_step_markers_in_any_host_category_are_ops_in_file_order(tmp_path: Path):
+    # Older and other writers put ProfilerStep#N in a category of their own: the markers are still ops, among
+    # the others in file order, and they still make the steps.
+    events = []
+    for step in range(3):
+        t = step * 1000.0
+        events += [{"ph": "X", "cat": "Trace", "name": f"ProfilerStep#{step + 1}", "pid": 1, "tid": 1, "ts": t,
+                    "dur": 900.0},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 10, "dur": 50.0},
+                   {"ph": "X", "cat": "Trace", "name": "not a step", "pid": 1, "tid": 1, "ts": t + 100, "dur": 5.0}]
+    path = tmp_path / "t.json"
+    path.write_bytes(orjson.dumps({"traceEvents": events}))
+    trace = load(str(path))
+    assert trace.ops["name"].to_list() == ["ProfilerStep#1", "aten::mm", "ProfilerStep#2", "aten::mm",
+                                           "ProfilerStep#3", "aten::mm"]
+    assert trace.step_count == 3

@@ -334,10 +334,6 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                     return None
             if front > back:
                 break
-            if front == back and pieces.source:
-                # Every other piece is done or with a worker, which reads it from the file: the buffer can go
-                # once this last piece is decoded, before the workers' tables arrive.
-                view.release()
             try:
                 events = decode_span(raw, pieces.data, *pieces.spans[front])
             except msgspec.DecodeError:
@@ -345,6 +341,9 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
             done[front] = _piece_parts(events)
             del events
             if front == back and pieces.source:
+                # Every other piece is done or with a worker, which reads it from the file: the buffer can go
+                # before the workers' tables arrive.
+                view.release()
                 pieces.data = b""
             front += 1
         for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
