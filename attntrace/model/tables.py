@@ -340,6 +340,7 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                 return None
             done[front] = _piece_parts(events)
             del events
+            reader.let_go(pieces.data, *pieces.spans[front])
             if front == back and pieces.source:
                 # Every other piece is done or with a worker, which reads it from the file: the buffer can go
                 # before the workers' tables arrive.
