@@ -30,7 +30,30 @@ def entry() -> None:
         signal.signal(signal.SIGINT, _interrupted)
     from attntrace.cli import main
 
-    main()
+    try:
+        main()
+    except SystemExit as done:
+        _leave(done)
+
+
+def _leave(done: SystemExit) -> None:
+    """Exit without the interpreter's teardown when nothing else runs: freeing every module's objects (polars'
+    most of all) took 0.1 s of a 0.5 s lint. The atexit functions still run, and the output is flushed; with
+    another thread or a child process still there, or output that cannot be flushed, exit the usual way."""
+    import atexit
+    import threading
+
+    code = done.code
+    children = "multiprocessing" in sys.modules and sys.modules["multiprocessing"].active_children()
+    if not (code is None or isinstance(code, int)) or threading.active_count() > 1 or children:
+        raise done
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        raise done from None
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

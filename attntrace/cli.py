@@ -190,7 +190,7 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
             salvage: bool) -> None:
     """Per-trace and per-step numbers: GPU busy, CPU time, kernels, copies, launches, top kernels,
     tensor-core share of GEMM time, attention backends."""
-    from attntrace.formats import summary_table
+    from attntrace.formats.summary_text import summary_table
 
     work = partial(_summarize_path, options=_read_options(max_size, salvage))
     results = [r for r in map_inputs(list(paths), work, jobs)

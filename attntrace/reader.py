@@ -8,11 +8,9 @@ coercing what can be coerced and counting what cannot, so one odd event does not
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import mmap
-import operator
 import os
 import re
 import stat
@@ -21,11 +19,22 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
 from attntrace import workers
+from attntrace.events import (
+    READ_PHASES,
+    SKIPPED_PHASES,
+    AnyEvent,
+    Args,
+    Document,
+    Metadata,
+    Outline,
+    TraceEvent,
+    Unphased,
+)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # A trace's bytes: read into memory, or a large file mapped copy-on-write (see _mapped).
@@ -55,100 +64,6 @@ class TraceError(Exception):
         self.kind = kind
         self.message = message
         self.path = path  # set when the error is about a path other than the one being read
-
-
-NO_VALUE = msgspec.Raw()  # an args field kept raw that the event does not have
-
-
-class Args(msgspec.Struct, gc=False, omit_defaults=True):
-    external_id: int | None = msgspec.field(name="External id", default=None)
-    external_id_old: int | None = msgspec.field(name="external id", default=None)
-    correlation: int | None = None
-    registers: int | None = msgspec.field(name="registers per thread", default=None)
-    shared_memory: int | None = msgspec.field(name="shared memory", default=None)
-    blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    occupancy: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
-    device: int | None = None
-    stream: int | None = None
-    bytes: int | None = None
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_VALUE)
-    input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_VALUE)
-    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_VALUE)
-
-
-class TraceEvent(msgspec.Struct, gc=False, tag_field="ph"):
-    """One trace event, typed by its phase ("ph"). The model reads complete, begin/end and flow events; the
-    others (memory instants, metadata, counters: a fifth of a training trace) are parsed past without
-    building their fields."""
-    ph: ClassVar[str] = ""
-    cat: ClassVar[str] = ""
-    name: ClassVar[str] = ""
-    ts: ClassVar[float | None] = None
-
-
-class Event(TraceEvent):
-    """The fields of the events the model reads."""
-    cat: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float | None = None
-    dur: float | None = None
-    id: int | str | None = None
-    args: Args | None = None
-
-
-def _phase_struct(name: str, phase: str, base: type[TraceEvent]) -> Any:
-    """The struct of one phase: tagged with it, and its `ph` a class attribute (read by attrgetter("ph") like a
-    field, stored in no event)."""
-    return msgspec.defstruct(name, [], bases=(base,), tag=phase, namespace={"ph": phase}, gc=False)
-
-
-# The phases the model reads, with the fields of Event.
-Complete, Begin, End, FlowStart, FlowStep, FlowEnd = (
-    _phase_struct(name, phase, Event) for name, phase in (("Complete", "X"), ("Begin", "B"), ("End", "E"),
-                                                           ("FlowStart", "s"), ("FlowStep", "t"), ("FlowEnd", "f")))
-
-
-class Unphased(TraceEvent):
-    """An event without a phase the Trace Event Format knows (only made when events are coerced one by one)."""
-
-
-READ_PHASES: dict[str, type[Event]] = {c.ph: c for c in (Complete, Begin, End, FlowStart, FlowStep, FlowEnd)}
-# Every other phase of the Trace Event Format: decoded as an empty struct of its own.
-SKIPPED_PHASES: dict[str, type[TraceEvent]] = {
-    ph: _phase_struct(f"Skipped_{i}", ph, TraceEvent)
-    for i, ph in enumerate(("i", "I", "M", "C", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")",
-                            "T", "p", "S", "F"))}
-AnyEvent: Any = functools.reduce(operator.or_, [*READ_PHASES.values(), *SKIPPED_PHASES.values()])
-
-
-class Metadata(msgspec.Struct, gc=False, kw_only=True):
-    """The document's fields other than its events."""
-    deviceProperties: list[dict[str, Any]] = []
-    schemaVersion: int | None = None
-    displayTimeUnit: str | None = None
-    baseTimeNanoseconds: int | None = None
-    record_shapes: int | None = None
-    with_stack: int | None = None
-    profile_memory: int | None = None
-    with_flops: int | None = None
-    with_modules: int | None = None
-    cuda_driver_version: int | None = None
-    cuda_runtime_version: int | None = None
-    cupti_version: int | None = None
-    distributedInfo: dict[str, Any] | None = None
-
-
-class Document(Metadata):
-    traceEvents: list[AnyEvent]
-
-
-class Outline(Metadata):
-    """The document with its event list left undecoded: where the list ends, whatever follows it."""
-    traceEvents: msgspec.Raw
 
 
 @dataclass
@@ -305,16 +220,13 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
     return data, False
 
 
-MAP_MIN_BYTES = 16 << 20  # from CHUNK_BYTES up a trace is cut in pieces (whose pages are let go); smaller: read
-
-
 def _mapped(fh: Any, size: int) -> mmap.mmap | None:
     """A large file mapped copy-on-write, or None to read it. The pages are the page cache's, so there is no
     copy to allocate and fill (0.2 s per 200 MB), and the pieces already decoded are let go (let_go): the bytes
     held stay at the pieces in hand rather than the whole file. Writes (the brackets around a piece, put back
     after) stay private to this process. A file cut shorter while it is read ends the process (SIGBUS), as in
     any tool that maps files; a trace still being written only grows, and is read up to its size here."""
-    if size < MAP_MIN_BYTES:
+    if size <= CHUNK_BYTES:  # decoded in one piece: nothing would be let go
         return None
     try:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -388,13 +300,15 @@ def _may_be_a_trace(head: bytes) -> bool:
     return first is None or head[first.start():first.start() + 1] in (b"{", b"[")
 
 
-def _gunzip(data: bytearray, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:
+def _gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:
     # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory,
     # and garbage is refused after the first chunk, not after all of it.
     out = bytearray()
     decomp = zlib.decompressobj(wbits=47)
-    pending = bytes(data)
-    del data[:]
+    pending: Buffer = data
+    if isinstance(data, bytearray):  # a stream's buffer, which grows: let it go for a copy of its bytes
+        pending = bytes(data)
+        del data[:]
     try:
         while pending:
             chunk = decomp.decompress(pending, 1 << 24)

@@ -84,9 +84,20 @@ def _shift(event: dict[str, Any], k: int, span: float, id_span: int, step_span: 
     return out
 
 
-def build_large(source: Path, target_mb: int, layout: str, out: Path) -> dict[str, Any]:
+# What a trace captured without record_shapes, with_stack or with_modules lacks: its events are small.
+LEAN_DROPPED_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs", "Call stack", "Module Hierarchy",
+                     "Ev Idx", "Sequence number", "Fwd thread id", "Record function id")
+
+
+def build_large(source: Path, target_mb: int, layout: str, out: Path, lean: bool = False) -> dict[str, Any]:
+    """Write the large trace one copy of the source's events at a time (a 1.4 GB trace's events held at once
+    as Python objects would take over 10 GB)."""
     doc = orjson.loads(gzip.decompress(source.read_bytes()))
     events = doc["traceEvents"]
+    if lean:
+        for e in events:
+            if isinstance(e.get("args"), dict):
+                e["args"] = {k: v for k, v in e["args"].items() if k not in LEAN_DROPPED_ARGS}
     timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
     id_span = 1 + max(max(e.get("args", {}).get("External id", 0), e.get("args", {}).get("correlation", 0),
@@ -95,20 +106,36 @@ def build_large(source: Path, target_mb: int, layout: str, out: Path) -> dict[st
     numbers = [int(e["name"][13:]) for e in events
                if str(e.get("name", "")).startswith("ProfilerStep#") and e["name"][13:].isdigit()]
     step_span = max(numbers) - min(numbers) + 1 if numbers else 0
-    option = orjson.OPT_INDENT_2 if layout == "indented" else 0
+    indented = layout == "indented"
+    option = orjson.OPT_INDENT_2 if indented else 0
     one_copy = len(orjson.dumps(events, option=option))
     copies = max(1, round(target_mb * 1e6 / one_copy))
     meta = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M"]
-    doc["traceEvents"] = meta + [_shift(e, k, span, id_span, step_span) for k in range(copies) for e in body]
-    data = orjson.dumps(doc, option=option)
-    out.write_bytes(data)
-    kinds = {"events": len(doc["traceEvents"]),
-             "memory": sum(1 for e in doc["traceEvents"] if e.get("ph") == "i" and e.get("name") == "[memory]"),
-             "flows": sum(1 for e in doc["traceEvents"] if e.get("ph") in ("s", "f", "t")),
-             "steps": sum(1 for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
-                          and e.get("cat") in ("cpu_op", "user_annotation", "Operator")),
+
+    def dumped(batch: list[dict[str, Any]]) -> bytes:
+        """The events as orjson writes them inside the document's list (indented: two levels deep)."""
+        if not indented:
+            return b",".join(map(orjson.dumps, batch))
+        return b",".join(b"\n    " + orjson.dumps(e, option=option).replace(b"\n", b"\n    ") for e in batch)
+
+    doc["traceEvents"] = ["@@EVENTS@@"]
+    marker = b'"@@EVENTS@@"'
+    prefix, suffix = orjson.dumps(doc, option=option).split(marker)
+    kinds = {"events": len(meta) + copies * len(body),
+             "memory": copies * sum(1 for e in body if e.get("ph") == "i" and e.get("name") == "[memory]"),
+             "flows": copies * sum(1 for e in body if e.get("ph") in ("s", "f", "t")),
+             "steps": copies * sum(1 for e in body if str(e.get("name", "")).startswith("ProfilerStep#")
+                                   and e.get("cat") in ("cpu_op", "user_annotation", "Operator")),
              "copies": copies}
+    with out.open("wb") as fh:
+        # orjson's indented list opens with "[" + newline + indent: the marker stood after that indent.
+        fh.write(prefix.rstrip(b" \n") if indented else prefix)
+        fh.write(dumped(meta))
+        for k in range(copies):
+            fh.write(b"," if meta or k else b"")
+            fh.write(dumped([_shift(e, k, span, id_span, step_span) for e in body]))
+        fh.write(b"\n  " + suffix.lstrip(b" \n") if indented else suffix)
     return kinds
 
 
@@ -127,6 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=210, help="size of the large trace in MB (1e6 bytes)")
     parser.add_argument("--layout", choices=["compact", "indented"], default="compact")
+    parser.add_argument("--lean", action="store_true", help="small events: the source's args without shapes, "
+                        "stacks or module names (a trace captured without record_shapes and with_stack)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--source", type=Path, default=CORPUS_SOURCE if CORPUS_SOURCE.exists() else FALLBACK_SOURCE)
     parser.add_argument("--keep", type=Path, help="build the trace here and keep it (reused when it exists)")
@@ -140,7 +169,7 @@ def main() -> None:
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
-        print(json.dumps(build_large(args.source, args.mb, args.layout, Path(args.build))))
+        print(json.dumps(build_large(args.source, args.mb, args.layout, Path(args.build), args.lean)))
         return
     if args.tree:
         # Run from "/" so that the current directory cannot shadow the tree given.
@@ -152,10 +181,12 @@ def main() -> None:
             # Built in a child process: the builder's memory must not sit beside the measured runs.
             facts.write_text(subprocess.run(
                 [PYTHON, __file__, "--mb", str(args.mb), "--layout", args.layout, "--source", str(args.source),
-                 "--build", str(big)], check=True, capture_output=True, text=True).stdout)
+                 *(["--lean"] if args.lean else []), "--build", str(big)],
+                check=True, capture_output=True, text=True).stdout)
         kinds: dict[str, Any] = json.loads(facts.read_text())
         size = big.stat().st_size
-        print(f"large trace: {size / 1e6:.0f} MB, {args.layout} layout, from {args.source.name} {kinds}")
+        print(f"large trace: {size / 1e6:.0f} MB, {args.layout} layout{', lean events' if args.lean else ''}, "
+              f"from {args.source.name} {kinds}")
         print(f"machine: {os.cpu_count()} cores, {_machine()}")
         if args.only_curve:
             read_curve(big, args.repeats)

@@ -169,6 +169,25 @@ def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp
             assert table.equals(alone[kind]), (path.name, kind)
 
 
+def test_a_large_file_is_mapped_left_unchanged_and_read_as_its_bytes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    import mmap
+
+    text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
+    plain, packed = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setenv(workers.WORKERS_ENV, "1")
+    assert isinstance(reader.read(str(plain)).pieces.data, mmap.mmap)
+    assert isinstance(reader.read(str(packed)).pieces.data, bytearray)
+    mapped, in_memory = _tables_of(str(plain)), _tables_of(str(packed))
+    for kind, table in mapped.items():
+        assert table.equals(in_memory[kind]), kind
+    assert report(str(plain)) == report(str(packed)).replace(packed.name.encode(), plain.name.encode())
+    assert plain.read_bytes() == text  # the brackets written around each piece stayed in this process
+
+
 def test_step_markers_in_any_host_category_are_ops_in_file_order(tmp_path: Path):
     # Older and other writers put ProfilerStep#N in a category of their own: the markers are still ops, among
     # the others in file order, and they still make the steps.

@@ -30,11 +30,13 @@ def lint(*args: str, input: bytes | None = None):
     return result
 
 
-# Runs the CLI in a fresh process and reports that process's own peak memory (KiB) on its last stderr line.
-PEAK_RUNNER = ("import resource, runpy, sys\n"
+# Runs the CLI in a fresh process and reports that process's own peak memory (KiB) on its last stderr line (at
+# exit: the CLI leaves without the interpreter's teardown, running the atexit functions).
+PEAK_RUNNER = ("import atexit, resource, runpy, sys\n"
+               "atexit.register(lambda: print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+               "file=sys.stderr))\n"
                "sys.argv = ['attntrace', *sys.argv[1:]]\n"
-               "try:\n    runpy.run_module('attntrace', run_name='__main__')\n"
-               "finally:\n    print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+               "runpy.run_module('attntrace', run_name='__main__')\n")
 
 
 def run_measured(*args: str) -> tuple[int, str, float]:

@@ -1,5 +1,2 @@
-"""Renderers: each turns report data into text; none of them computes anything new."""
-
-from attntrace.formats.summary_text import summary_table
-
-__all__ = ["summary_table"]
+"""Renderers: each turns report data into text; none of them computes anything new. Each is imported where
+it is used, so that a lint that prints text loads no table library."""

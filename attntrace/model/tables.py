@@ -25,16 +25,10 @@ import msgspec
 import polars as pl
 
 from attntrace import reader, workers
+from attntrace.events import Args, Begin, Complete, Document, End, Event, TraceEvent
 from attntrace.reader import (
-    Args,
-    Begin,
-    Complete,
-    Document,
-    End,
-    Event,
     Pieces,
     RawTrace,
-    TraceEvent,
     bracketed,
     decode_piece,
     decode_pieces,

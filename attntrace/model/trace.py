@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from attntrace import taxonomy
+from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
-from attntrace.reader import Args, decode_raw
+from attntrace.reader import decode_raw
 
 if TYPE_CHECKING:
     from attntrace.model.tables import OpInputs
