@@ -7,6 +7,7 @@ import signal
 import sys
 
 EXIT_INTERRUPTED = 130
+TRACE_COMMANDS = ("lint", "summary", "diff")
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -28,6 +29,11 @@ def _interrupted(signum: int, frame: object) -> None:
 def entry() -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, _interrupted)
+    if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
+        from attntrace import workers
+
+        # The server that forks decoding workers imports polars while this process does (0.3 s each).
+        workers.warm_up_for(arg for arg in sys.argv[2:] if not arg.startswith("-"))
     from attntrace.cli import main
 
     try:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from attntrace import model, reader, workers
-from attntrace.model import tables
 from attntrace.reader import TraceError
 
 T = TypeVar("T")
@@ -46,7 +45,7 @@ def display_path(path: str) -> str:
 
 
 def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
-    tables.warm_up(path)
+    workers.warm_up_for([path])
     raw = reader.read(path, options)
     raw.path = display_path(path)
     return model.build(raw)

@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
@@ -100,6 +100,22 @@ def sigint_ignored() -> Iterator[None]:
 def ignore_sigint() -> None:
     """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def warm_up_for(paths: Iterable[str]) -> None:
+    """Start the server when one of these files looks big enough to be decoded by workers, so that its imports
+    overlap this process's own (the CLI calls it before it imports polars). A gzip file is guessed at ten times
+    its size; a path that is not a file is passed over."""
+    from attntrace import reader  # light: no polars
+
+    for path in paths:
+        try:
+            size = os.stat(path).st_size * (10 if path.endswith(".gz") else 1)
+        except (OSError, ValueError):
+            continue
+        if size > reader.CHUNK_BYTES and read_workers(PARALLEL_MIN_PIECES) > 1:
+            warm_up()
+            return
 
 
 def warm_up() -> None:

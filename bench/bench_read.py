@@ -37,10 +37,10 @@ PYTHON = sys.executable
 STAGES = """
 import json, resource, sys, time
 t = [time.perf_counter()]
+from attntrace import workers
+workers.warm_up_for(sys.argv[1:2])  # as the CLI does: the worker server imports while this process does
 from attntrace import lint as engine, model, reader, summary
-from attntrace.model import tables
 t.append(time.perf_counter())
-tables.warm_up(sys.argv[1])  # as loading.load does: the worker server starts while the file is read
 raw = reader.read(sys.argv[1])
 t.append(time.perf_counter())
 trace = model.build(raw)
