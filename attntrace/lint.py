@@ -14,6 +14,7 @@ from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
 from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model import Trace
+from attntrace.model.tables import gc_paused
 from attntrace.reader import ReadOptions
 from attntrace.summary import summarize
 
@@ -44,6 +45,12 @@ def _missing(trace: Trace, need: str) -> str | None:
 
 
 def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
+    """One trace's report: its summary and the findings of every enabled rule."""
+    with gc_paused():
+        return _lint_trace(trace, settings)
+
+
+def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     rules = load_rules()
     settings = settings or default_settings(rules)
     summary = summarize(trace)

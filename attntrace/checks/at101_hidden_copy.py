@@ -88,6 +88,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                             | (pl.col("cls") == "copy"))
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     ctx.trace.prefetch_inputs(copies["op"].to_list())
+    needed = ["op", "kind", "name", "dur", "device", "launch_api", "bytes", "step"]
+    copies = copies.select([c for c in needed if c in copies.columns])
     for row in copies.iter_rows(named=True):
         chain, asked_by = culprit(ctx, row["op"])
         if asked_by is None or asked_by in OWN_OUTPUT_OPS or _is_cast(ctx, row["op"], chain):

@@ -49,14 +49,24 @@ def _thread_sequence(ctx: Context) -> tuple[list[int], dict[int, int]]:
     (record_function, module and step markers). An attention written across helper functions is one run."""
     parent = ctx.trace.op_parent
     cats = ctx.trace.op_cats
+    inside: dict[int, bool] = {}  # per annotation op: whether a real op is above it
 
     def internal(op: int) -> bool:
-        up = parent[op]
+        """Whether an op that is not an annotation is above `op` (annotations' answers kept on the way up)."""
+        passed: list[int] = []
+        up, found = parent[op], False
         while up is not None:
             if cats[up] != "user_annotation":
-                return True
+                found = True
+                break
+            if up in inside:
+                found = inside[up]
+                break
+            passed.append(up)
             up = parent[up]
-        return False
+        if passed:
+            inside.update(dict.fromkeys(passed, found))
+        return found
 
     order = ctx.trace.ops.sort(["pid", "tid", "ts"]).select("idx")["idx"].to_list()
     sequence = [op for op in order if cats[op] != "user_annotation" and not internal(op)]
@@ -94,7 +104,14 @@ Hit = tuple[int, int, list[int], int, int]  # softmax op, step, chain of ops, se
 
 def unfused_chains(ctx: Context, min_seq: int) -> tuple[dict[str, list[Hit]], list[int], dict[int, int]]:
     """Every unfused attention chain in the steps, grouped by its op names; with the thread sequence they were
-    found in. AT101 uses it to tell the copies that fusing the chain removes."""
+    found in. AT101 uses it to tell the copies that fusing the chain removes (computed once per trace)."""
+    key = (unfused_chains, min_seq)
+    if key not in ctx.trace.shared:
+        ctx.trace.shared[key] = _unfused_chains(ctx, min_seq)
+    return ctx.trace.shared[key]  # type: ignore[no-any-return]
+
+
+def _unfused_chains(ctx: Context, min_seq: int) -> tuple[dict[str, list[Hit]], list[int], dict[int, int]]:
     names = ctx.trace.op_names
     candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(SOFTMAX)))
     groups: dict[str, list[Hit]] = defaultdict(list)

@@ -11,7 +11,7 @@ import gc
 import io
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -206,19 +206,26 @@ def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
-    # The decoder's structs hold no cycles; collections while millions of them come and go find nothing.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         for events in chunks:
             _split(events, parts, inputs, open_ended)
             del events  # one piece's structs at a time
         if open_ended:
             _split(pair_begin_end(open_ended), parts, inputs, [])
+    return parts, inputs
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: the decoder's structs and the rules' rows and dicts hold no cycles,
+    and collections while millions of objects come and go find nothing (the rules ran 8% faster without)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
-    return parts, inputs
 
 
 def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
@@ -296,48 +303,45 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         raw.count_dropped(dropped)
         return True
 
-    collecting = gc.isenabled()
-    gc.disable()
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_S)
-    workers.warm_up()  # the server that forks the workers starts with Ctrl-C ignored, if it was not running
-    pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=workers.context(),
-                               initializer=workers.ignore_sigint)
-    try:
-        front, back = 0, len(pieces) - 1
-        running: dict[int, Future[_PieceTables | None]] = {}
-        while True:
-            # A bounded window: pieces in flight may be copies (all of them at once would double the file); wide
-            # enough that a worker never waits for this process to finish its own piece before it gets another.
-            while back > front and len(running) < IN_FLIGHT_PER_WORKER * (processes - 1):
-                running[back] = pool.submit(_piece_tables, task(back))
-                back -= 1
-            for i in [i for i, future in running.items() if future.done()]:
+    with gc_paused():
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_S)
+        workers.warm_up()  # the server that forks the workers starts with Ctrl-C ignored, if it was not running
+        pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=workers.context(),
+                                   initializer=workers.ignore_sigint)
+        try:
+            front, back = 0, len(pieces) - 1
+            running: dict[int, Future[_PieceTables | None]] = {}
+            while True:
+                # A bounded window: pieces in flight may be copies (all of them at once would double the file); wide
+                # enough that a worker never waits for this process to finish its own piece before it gets another.
+                while back > front and len(running) < IN_FLIGHT_PER_WORKER * (processes - 1):
+                    running[back] = pool.submit(_piece_tables, task(back))
+                    back -= 1
+                for i in [i for i, future in running.items() if future.done()]:
+                    if not receive(i, running.pop(i)):
+                        return None
+                if front > back:
+                    break
+                try:
+                    events = decode_span(raw, pieces.data, *pieces.spans[front])
+                except msgspec.DecodeError:
+                    return None
+                done[front] = _piece_parts(events)
+                del events
+                reader.let_go(pieces.data, *pieces.spans[front])
+                if front == back and pieces.source:
+                    # Every other piece is done or with a worker, which reads it from the file: the buffer can go
+                    # before the workers' tables arrive.
+                    view.release()
+                    pieces.data = b""
+                front += 1
+            for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
                 if not receive(i, running.pop(i)):
                     return None
-            if front > back:
-                break
-            try:
-                events = decode_span(raw, pieces.data, *pieces.spans[front])
-            except msgspec.DecodeError:
-                return None
-            done[front] = _piece_parts(events)
-            del events
-            reader.let_go(pieces.data, *pieces.spans[front])
-            if front == back and pieces.source:
-                # Every other piece is done or with a worker, which reads it from the file: the buffer can go
-                # before the workers' tables arrive.
-                view.release()
-                pieces.data = b""
-            front += 1
-        for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
-            if not receive(i, running.pop(i)):
-                return None
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        sys.setswitchinterval(switch)
-        if collecting:
-            gc.enable()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            sys.setswitchinterval(switch)
     view.release()
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []

@@ -215,19 +215,30 @@ class Trace:
         return optree.op_parents(self.ops)
 
     @cached_property
-    def op_children(self) -> dict[int | None, list[int]]:
+    def op_children(self) -> optree.Children:
         return optree.op_children(self.ops, self.op_parent)
 
+    @cached_property
+    def _ancestors(self) -> dict[int, tuple[int, ...]]:
+        return {}
+
     def op_ancestors(self, op: int | None) -> list[int]:
-        """Op indices from the outermost op down to `op`, without ProfilerStep annotations."""
-        chain: list[int] = []
-        names = self.op_names
+        """Op indices from the outermost op down to `op`, without ProfilerStep annotations. Each op's chain is
+        kept: siblings share their parent's (rules ask for tens of thousands of ops)."""
+        known, names, parent = self._ancestors, self.op_names, self.op_parent
+        below: list[int] = []
+        chain: tuple[int, ...] = ()
         while op is not None:
+            if op in known:
+                chain = known[op]
+                break
             if STEP_NAME.match(names[op]):
                 break
-            chain.append(op)
-            op = self.op_parent[op]
-        return chain[::-1]
+            below.append(op)
+            op = parent[op]
+        for op in reversed(below):
+            chain = known[op] = (*chain, op)
+        return list(chain)
 
     def op_chain(self, op: int | None) -> list[str]:
         """Names from the outermost op down to `op`, e.g. aten::masked_fill > aten::clone > aten::copy_."""
@@ -249,6 +260,12 @@ class Trace:
 
     @cached_property
     def _inputs(self) -> dict[int, tuple[Any, Any, Any]]:
+        return {}
+
+    @cached_property
+    def shared(self) -> dict[Any, Any]:
+        """Results that several rules use (AT102's unfused attention chains, which AT101 also reads), computed
+        once per trace by the first rule that asks; keyed by the function and its parameters."""
         return {}
 
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
