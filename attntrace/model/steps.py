@@ -199,10 +199,14 @@ def assign(frame: pl.DataFrame, windows: pl.DataFrame, by_process: bool = True) 
     by = [] if whole or not by_process else ["w_pid"]
     right = windows.select(pl.col("pid").alias("w_pid"), "step", pl.col("ts").alias("w_ts"),
                            pl.col("end").alias("w_end")).sort("w_ts")
-    left = frame.with_columns(pl.col("pid").cast(pl.String).alias("w_pid")).sort("ts")
+    # Only the columns the join needs are sorted and joined; the step comes back in row order and is added to
+    # `frame`, whose columns are then shared, not copied (a million ops would otherwise be held twice).
+    left = frame.select(pl.int_range(pl.len()).alias("row"), "ts",
+                        pl.col("pid").cast(pl.String).alias("w_pid")).sort("ts")
     if not by:
         right = right.drop("w_pid")
     joined = left.join_asof(right, left_on="ts", right_on="w_ts", by=by or None, strategy="backward",
                             check_sortedness=False)
-    return (joined.with_columns(pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("step")).alias("step"))
-            .drop("w_ts", "w_end", "w_pid", strict=False).sort("idx"))
+    step = joined.sort("row").select(pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("step")).alias("step"))
+    out = frame.with_columns(step.to_series())
+    return out if out["idx"].is_sorted() else out.sort("idx")
