@@ -263,6 +263,7 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
         dropped, notes = raw.dropped_events, list(raw.notes)
         with contextlib.suppress(OSError, BrokenProcessPool):  # no worker processes here (a sandbox)
             done = _split_parallel(raw, pieces, processes)
+        workers.return_freed_memory()
         if done is None:  # one process does it all, from the start
             raw.dropped_events, raw.notes[:] = dropped, notes
     if done is None:
