@@ -8,7 +8,7 @@ Timestamps, External ids, correlation ids, flow ids and step numbers are shifted
 linked like the original and the steps continue one after another (ProfilerStep#1..#6, #7..#12, ...). It is
 written in PyTorch's compact layout (`},{`, no whitespace) and, with --layout indented, two-space indented.
 
-Run: python bench/bench_read.py [--mb 210] [--layout compact|indented] [--repeats 3] [--source TRACE]
+Run: python bench/bench_read.py [--mb 210] [--layout compact|indented] [--lean] [--repeats 3] [--source TRACE] [--curve]
 """
 
 from __future__ import annotations

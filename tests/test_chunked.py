@@ -148,14 +148,20 @@ def test_cuts_never_land_in_the_lists_after_the_events(tmp_path: Path, monkeypat
         assert report(str(path)) == whole
 
 
+def _plain_and_packed(folder: Path) -> tuple[bytes, Path, Path]:
+    """The GPT-2 sample in PyTorch's compact layout, written plain and gzipped."""
+    text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
+    plain, packed = folder / "t.pt.trace.json", folder / "t.pt.trace.json.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    return text, plain, packed
+
+
 def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch):
     from attntrace.model import tables
 
-    text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
-    plain, packed = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
-    plain.write_bytes(text)
-    packed.write_bytes(gzip.compress(text))
+    _, plain, packed = _plain_and_packed(tmp_path)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
     alone = _tables_of(str(plain))
@@ -173,10 +179,7 @@ def test_a_large_file_is_mapped_left_unchanged_and_read_as_its_bytes(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch):
     import mmap
 
-    text = orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train")).read_bytes())))
-    plain, packed = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
-    plain.write_bytes(text)
-    packed.write_bytes(gzip.compress(text))
+    text, plain, packed = _plain_and_packed(tmp_path)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 64 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
     assert isinstance(reader.read(str(plain)).pieces.data, mmap.mmap)

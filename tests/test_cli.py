@@ -120,3 +120,23 @@ def test_lint_path_never_imports_torch():
     code = ("import sys; from attntrace.cli import main; sys.argv=['attntrace','lint','--fail-on','never','"
             + NAIVE + "'];\ntry: main()\nexcept SystemExit: pass\nassert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_exit_without_teardown_keeps_output_status_and_atexit(tmp_path: Path, jobs: str):
+    # The console entry leaves with os._exit when nothing else runs: the report must still reach a file (not
+    # only a pipe), the status must be the one the command chose, and atexit functions must run. With --jobs,
+    # a pool was used: whichever way the process leaves, the same holds.
+    runner = ("import atexit, sys\n"
+              "atexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n"
+              "sys.argv = ['attntrace', *sys.argv[1:]]\n"
+              "from attntrace.__main__ import entry\n"
+              "entry()\n")
+    out = tmp_path / "report.json"
+    with out.open("wb") as fh:
+        done = subprocess.run([sys.executable, "-c", runner, "lint", NAIVE, CLEAN, "--format", "json", "--jobs", jobs],
+                              stdout=fh, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1, done.stderr  # the naive trace's warnings
+    assert done.stderr.endswith("atexit ran\n")
+    report = orjson.loads(out.read_bytes())
+    assert {t["path"] for t in report["traces"]} == {NAIVE, CLEAN} and report["findings"]

@@ -114,3 +114,23 @@ def test_device_and_flags(trace):
 ])
 def test_kernels_per_forward(name, kernels):
     assert set(load(sample(name)).step_table["kernels"].to_list()) == {kernels}
+
+
+def test_op_tree_lookups_match_a_walk_of_the_parents():
+    # Ancestors are kept per op and children are slices of one sorted list: both must say what a plain walk of
+    # the parent pointers says, on a real training trace (deep autograd nesting, many threads).
+    gpt2 = load(sample("workloads/gpt2_eager_train"))
+    parent, names = gpt2.op_parent, gpt2.op_names
+    assert names == gpt2.ops["name"].to_list() and gpt2.op_cats == gpt2.ops["cat"].to_list()
+    for op in reversed(range(len(parent))):  # children first: their chains are kept before the parents are asked
+        walked = []
+        up = op
+        while up is not None and not names[up].startswith("ProfilerStep#"):
+            walked.append(up)
+            up = parent[up]
+        assert gpt2.op_ancestors(op) == walked[::-1]
+    starts = gpt2.ops["ts"].to_list()
+    expected: dict[int | None, list[int]] = {}
+    for op in sorted(range(len(parent)), key=lambda i: starts[i]):
+        expected.setdefault(parent[op], []).append(op)
+    assert dict(gpt2.op_children) == expected
