@@ -8,29 +8,28 @@ import polars as pl
 
 
 def op_parents(ops: pl.DataFrame) -> list[int | None]:
-    """Parent op index of every op."""
-    parent: list[int | None] = [None] * ops.height
+    """Parent op index of every op: on its thread, the latest op before it (by start, longer first) that has
+    not ended when it starts. An op that starts inside its parent but overruns it (clock rounding) still nests.
+
+    That op is the previous one when it is still open (a first child: found for all ops at once); else it is
+    the first of the previous op's ancestors still open, climbed to in file order, since every op between an
+    op and its parent ended before it."""
     ordered = ops.select("idx", "pid", "tid", "ts", "end").sort(
         ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
-    thread_start = (pl.struct("pid", "tid") != pl.struct("pid", "tid").shift(1)).fill_null(True)
-    new_thread = ordered.select(thread_start)[:, 0].to_list()
-    ends: list[float] = []  # the open ops of the current thread, innermost last: their ends and indices
-    owners: list[int] = []
-    # The loop runs once per op (a million in a large trace): its list methods are looked up once.
-    end_open, own, close_end, disown = ends.append, owners.append, ends.pop, owners.pop
-    for idx, ts, end, fresh in zip(ordered["idx"].to_list(), ordered["ts"].to_list(), ordered["end"].to_list(),
-                                   new_thread, strict=True):
-        if fresh:
-            ends.clear()
-            owners.clear()
-        while ends and ends[-1] < ts:
-            close_end()
-            disown()
-        # An op that starts inside its parent but overruns it (clock rounding) still nests.
-        if owners:
-            parent[idx] = owners[-1]
-        end_open(end)
-        own(idx)
+    same_thread = (pl.struct("pid", "tid") == pl.struct("pid", "tid").shift(1)).fill_null(False)
+    ordered = ordered.with_columns(pl.col("idx").shift(1).alias("previous"),
+                                   (same_thread & (pl.col("end").shift(1) >= pl.col("ts"))).alias("inside"),
+                                   same_thread.alias("same_thread"))
+    parent: list[int | None] = (ordered.select(pl.col("idx"), pl.when("inside").then("previous").alias("parent"))
+                                .sort("idx")["parent"].to_list())
+    climbing = ordered.filter(pl.col("same_thread") & ~pl.col("inside"))
+    ends = ops["end"].to_list()
+    for idx, previous, ts in zip(climbing["idx"].to_list(), climbing["previous"].to_list(),
+                                 climbing["ts"].to_list(), strict=True):
+        up = parent[previous]
+        while up is not None and ends[up] < ts:
+            up = parent[up]
+        parent[idx] = up
     return parent
 
 
