@@ -134,3 +134,30 @@ def test_op_tree_lookups_match_a_walk_of_the_parents():
     for op in sorted(range(len(parent)), key=lambda i: starts[i]):
         expected.setdefault(parent[op], []).append(op)
     assert dict(gpt2.op_children) == expected
+
+
+def _parents_by_stack(ops: pl.DataFrame) -> list[int | None]:
+    """The op tree the plain way: per thread, by start (longer first), a stack of the ops still open."""
+    parent: list[int | None] = [None] * ops.height
+    stacks: dict[tuple[object, object], list[tuple[float, int]]] = {}
+    for idx, pid, tid, ts, end in ops.sort(["pid", "tid", "ts", "end"], descending=[False, False, False, True]
+                                           ).select("idx", "pid", "tid", "ts", "end").iter_rows():
+        stack = stacks.setdefault((pid, tid), [])
+        while stack and stack[-1][0] < ts:
+            stack.pop()
+        parent[idx] = stack[-1][1] if stack else None
+        stack.append((end, idx))
+    return parent
+
+
+def test_op_parents_match_a_stack_of_open_ops():
+    from attntrace.model import optree
+
+    # A real trace, and ops that overrun their parent (clock rounding), start together or sit on other threads.
+    assert optree.op_parents(load(sample("workloads/gpt2_eager_train")).ops) == _parents_by_stack(
+        load(sample("workloads/gpt2_eager_train")).ops)
+    ops = pl.DataFrame({"idx": range(8), "pid": [1, 1, 1, 1, 1, 1, 2, 1], "tid": [1, 1, 1, 1, 1, 1, 1, 2],
+                        "ts": [0.0, 1.0, 2.0, 9.0, 11.0, 11.0, 1.0, 1.5],
+                        "end": [10.0, 5.0, 3.0, 12.0, 11.5, 20.0, 4.0, 2.0]},
+                       schema_overrides={"idx": pl.UInt32})
+    assert optree.op_parents(ops) == _parents_by_stack(ops) == [None, 0, 1, 0, 5, 3, None, None]
