@@ -161,3 +161,19 @@ def test_op_parents_match_a_stack_of_open_ops():
                         "end": [10.0, 5.0, 3.0, 12.0, 11.5, 20.0, 4.0, 2.0]},
                        schema_overrides={"idx": pl.UInt32})
     assert optree.op_parents(ops) == _parents_by_stack(ops) == [None, 0, 1, 0, 5, 3, None, None]
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_reading_and_linting_leave_the_garbage_collector_as_they_found_it(collecting: bool):
+    # Both pause cyclic GC while they work (gc_paused); a library caller's setting must come back either way.
+    import gc
+
+    from attntrace.lint import lint_trace
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if collecting else gc.disable()
+        lint_trace(load(sample("workloads/gpt2_eager_train")))
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable() if was else gc.disable()

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from itertools import chain
 from math import prod
 from operator import attrgetter, getitem, methodcaller
-from pathlib import Path
 from typing import Any, overload
 
 import msgspec
@@ -267,8 +266,6 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
         if done is None:  # one process does it all, from the start
             raw.dropped_events, raw.notes[:] = dropped, notes
     if done is None:
-        if not pieces.data and pieces.source:  # let go during the parallel attempt: the file holds it
-            pieces.data = bytearray(Path(pieces.source).read_bytes())
         done = _split_all(decode_pieces(raw, pieces))
     pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
     return _assemble(*done)
@@ -331,11 +328,6 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                 done[front] = _piece_parts(events)
                 del events
                 reader.let_go(pieces.data, *pieces.spans[front])
-                if front == back and pieces.source:
-                    # Every other piece is done or with a worker, which reads it from the file: the buffer can go
-                    # before the workers' tables arrive.
-                    view.release()
-                    pieces.data = b""
                 front += 1
             for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
                 if not receive(i, running.pop(i)):

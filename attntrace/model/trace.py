@@ -84,6 +84,11 @@ class Trace:
     flows: pl.DataFrame
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
     python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
+    # Kept as rules ask: each op's ancestor chain, each op's decoded inputs, and results several rules use (AT102's
+    # unfused attention chains, which AT101 also reads), keyed by the function and its parameters.
+    _ancestors: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _inputs: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    shared: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # --- steps ------------------------------------------------------------------------------------
     @cached_property
@@ -227,10 +232,6 @@ class Trace:
     def op_children(self) -> optree.Children:
         return optree.op_children(self.ops, self.op_parent)
 
-    @cached_property
-    def _ancestors(self) -> dict[int, tuple[int, ...]]:
-        return {}
-
     def op_ancestors(self, op: int | None) -> list[int]:
         """Op indices from the outermost op down to `op`, without ProfilerStep annotations. Each op's chain is
         kept: siblings share their parent's (rules ask for tens of thousands of ops)."""
@@ -266,16 +267,6 @@ class Trace:
     @cached_property
     def op_cats(self) -> list[str]:
         return _shared_strings(self.ops["cat"])
-
-    @cached_property
-    def _inputs(self) -> dict[int, tuple[Any, Any, Any]]:
-        return {}
-
-    @cached_property
-    def shared(self) -> dict[Any, Any]:
-        """Results that several rules use (AT102's unfused attention chains, which AT101 also reads), computed
-        once per trace by the first rule that asks; keyed by the function and its parameters."""
-        return {}
 
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""
