@@ -10,6 +10,7 @@ import polars as pl
 
 from attntrace.flagged import resolve
 from attntrace.model import Trace
+from attntrace.model.intervals import merged_runs
 
 # Chart groups in legend order; "idle" is the rest of the step window.
 GROUPS = ("attention", "GEMM tensor-core", "GEMM FP32", "GEMM other", "elementwise", "Triton", "copies",
@@ -37,16 +38,6 @@ def group_of(kind: str | None, cls: str | None) -> str:
     if any(word in cls for word in ("comm", "nccl", "rccl", "collective")):
         return "communication"
     return "other"
-
-
-def _merge(frame: pl.DataFrame, keys: list[str], gap: str) -> pl.DataFrame:
-    """Union of [ts, end) intervals per key, closing gaps shorter than the `gap` column."""
-    ordered = frame.sort([*keys, "ts"]).with_columns(
-        pl.col("end").cum_max().shift(1).over(keys).alias("reach"))
-    runs = ordered.with_columns(
-        (pl.col("reach").is_null() | (pl.col("ts") > pl.col("reach") + pl.col(gap))).cum_sum().over(keys)
-        .alias("run"))
-    return runs.group_by([*keys, "run"]).agg(pl.col("ts").min(), pl.col("end").max()).sort([*keys, "ts"])
 
 
 def _gpu_windows(trace: Trace, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -78,8 +69,8 @@ def build(trace: Trace, findings: list[dict[str, Any]]) -> dict[str, Any]:
                .with_columns(((pl.col("stop") - pl.col("origin")) * MERGE_SHARE).alias("gap"))
                .select("step", "origin", "stop", "gap"))
     gpu = gpu.join(windows, on="step")
-    segments = _merge(gpu, ["step", "group"], "gap").join(windows, on="step") if gpu.height else gpu
-    busy = _merge(gpu, ["step"], "gap") if gpu.height else gpu
+    segments = merged_runs(gpu, ["step", "group"], "gap").join(windows, on="step") if gpu.height else gpu
+    busy = merged_runs(gpu, ["step"], "gap") if gpu.height else gpu
 
     spans = resolve(trace, findings)
     out = []

@@ -177,3 +177,37 @@ def test_reading_and_linting_leave_the_garbage_collector_as_they_found_it(collec
         assert gc.isenabled() is collecting
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_busy_time_sums_its_runs_in_time_order() -> None:
+    """busy_us is the same float at every run: the merged runs come in (keys, time) order and are summed in it
+    (polars' hash grouping gave them in another order each time, and the sum's last bits changed with it)."""
+    from random import Random
+
+    from attntrace.model.intervals import busy_us, merged_runs
+
+    rng = Random(1)
+    starts = sorted(rng.random() * 1e8 for _ in range(50_000))
+    steps = [rng.randrange(20) for _ in starts]
+    ends = [t + rng.random() * 60_000 for t in starts]
+    frame = pl.DataFrame({"step": steps, "device": [0] * len(starts), "ts": starts, "end": ends})
+    runs = merged_runs(frame, ["step", "device"])
+    assert runs.height < frame.height // 2
+    assert runs.equals(runs.sort(["step", "device", "ts"]))
+    expected = []
+    for step in range(20):  # the union's runs, each added as it closes, in time order
+        total, run = 0.0, None
+        for ts, end, s in zip(starts, ends, steps, strict=True):
+            if s != step:
+                continue
+            if run is None or ts > run[1]:
+                total += run[1] - run[0] if run else 0.0
+                run = [ts, end]
+            else:
+                run[1] = max(run[1], end)
+        assert run is not None
+        expected.append(total + (run[1] - run[0]))
+    busy = busy_us(frame, ["step"])["busy_us"].to_list()
+    assert busy == pytest.approx(expected, rel=1e-12)
+    shuffled = frame.sample(fraction=1.0, shuffle=True, seed=2)
+    assert busy_us(shuffled, ["step"])["busy_us"].to_list() == busy  # the same bits whatever the rows' order

@@ -6,14 +6,18 @@ from __future__ import annotations
 import polars as pl
 
 
-def merged_runs(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """The intervals of each `keys` group merged where they overlap: keys, ts, end."""
-    return (frame.select([*keys, "ts", "end"]).sort([*keys, "ts"])
-            .with_columns(pl.col("end").cum_max().shift(1).over(keys).alias("prev_end"))
-            .with_columns((pl.col("prev_end").is_null() | (pl.col("ts") > pl.col("prev_end")))
-                          .cast(pl.Int64).cum_sum().over(keys).alias("run"))
-            .group_by([*keys, "run"]).agg(pl.col("ts").min(), pl.col("end").max())
-            .drop("run"))
+def merged_runs(frame: pl.DataFrame, keys: list[str], gap: str | None = None) -> pl.DataFrame:
+    """The intervals of each `keys` group merged where they overlap (or, with `gap`, where the space between
+    them is shorter than that column): keys, ts, end, in (keys, ts) order. The order is kept on purpose:
+    busy_us sums the runs, and a float sum in another order differs in its last bits (polars' hash grouping
+    gives its groups in a different order at every run on large frames)."""
+    reach = pl.col("reach") + pl.col(gap) if gap else pl.col("reach")
+    return (frame.lazy().select([*keys, "ts", "end", *([gap] if gap else [])]).sort([*keys, "ts"])
+            .with_columns(pl.col("end").cum_max().shift(1).over(keys).alias("reach"))
+            .with_columns((pl.col("reach").is_null() | (pl.col("ts") > reach)).cast(pl.Int64).cum_sum().over(keys)
+                          .alias("run"))
+            .group_by([*keys, "run"], maintain_order=True).agg(pl.col("ts").min(), pl.col("end").max())
+            .drop("run").collect())
 
 
 def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
@@ -23,5 +27,5 @@ def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     if not frame.height:
         return pl.DataFrame(schema={**{k: frame.schema.get(k, pl.Int64) for k in keys}, "busy_us": pl.Float64})
     runs = merged_runs(frame, keys).with_columns((pl.col("end") - pl.col("ts")).alias("busy_us"))
-    return runs.group_by(keys).agg(pl.col("busy_us").sum()).sort(keys, nulls_last=True)
+    return runs.group_by(keys, maintain_order=True).agg(pl.col("busy_us").sum()).sort(keys, nulls_last=True)
 
