@@ -35,7 +35,7 @@ def top_kernels(trace: Trace, limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
     top = (kernels.group_by("name", "cls").agg(
         pl.len().alias("count"), pl.col("dur").sum().alias("us"), pl.col("occupancy").max(),
         pl.col("device", "block_threads", "registers", "shared_memory").first())
-        .sort(["us", "name"], descending=[True, False]).head(limit))
+        .sort(["us", "name", "cls"], descending=[True, False, False]).head(limit))
     out = []
     for k in top.iter_rows(named=True):
         occupancy_pct, source = _occupancy(trace, k)

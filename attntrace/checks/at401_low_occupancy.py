@@ -39,7 +39,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     per_kernel = (kernels.group_by("name", "cls", "device", *CONFIG).agg(
         pl.col("dur").sum().alias("us"), pl.len().alias("count"), pl.col("step").unique().alias("steps"),
         pl.col("occupancy").max().alias("reported"), pl.col("blocks_per_sm").min())
-        .sort(["us", "name"], descending=[True, False]))
+        .sort(["us", "name", "cls", "device", *CONFIG], descending=[True] + [False] * (3 + len(CONFIG))))
     findings = []
     for k in per_kernel.iter_rows(named=True):
         us_per_step = k["us"] / ctx.step_count

@@ -98,7 +98,8 @@ def _finding(ctx: Context, device: int | None, bad: pl.DataFrame, per_window: pl
              gaps: pl.DataFrame) -> dict[str, Any]:
     idle_per_step = float(bad["idle"].mean())
     span_per_step = float(bad["span"].mean())
-    top = (gaps.join(bad.select(KEYS), on=KEYS).sort(["us", "start"], descending=[True, False]).head(TOP_GAPS))
+    top = (gaps.join(bad.select(KEYS), on=KEYS)
+           .sort(["us", "start", *KEYS], descending=[True, False, False, False]).head(TOP_GAPS))
     largest = []
     for s, e, us in top.select("start", "end", "us").iter_rows():
         ops = _cpu_ops_during(ctx, s, e)

@@ -103,7 +103,8 @@ def _inferred(ops: pl.DataFrame, op_parent: list[int | None], notes: list[str]) 
         (pl.col("cat") == "user_annotation") & pl.col("parent").is_null()
         & ~pl.col("name").str.starts_with("ProfilerStep#"))
     recurring = (annotations.group_by("pid", "tid", "name").agg(pl.len().alias("n"), pl.col("dur").sum())
-                 .filter(pl.col("n") >= MIN_INFERRED_STEPS).sort(["dur", "name"], descending=[True, False]))
+                 .filter(pl.col("n") >= MIN_INFERRED_STEPS)
+                 .sort(["dur", "name", "pid", "tid"], descending=[True, False, False, False]))
     if not recurring.height:
         return None
     pid, tid, name = recurring.row(0)[:3]
