@@ -76,21 +76,33 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     return report
 
 
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+IDLE_RULES = ("AT302", "AT501")  # GPU idle time that AT402 measures in full
+
+
 def mark_subsumed(findings: list[dict[str, Any]]) -> None:
-    """A finding whose fix another finding's fix includes says so (`subsumed_by`): leaving the SDPA math
-    backend (AT202) removes its FP32 GEMMs (AT201) and its per-call mask (AT301); fusing an unfused attention
-    chain (AT102) removes the copies its ops make (AT101); tensor cores for an FP32 GEMM (AT201) make its
-    occupancy (AT401) moot."""
+    """A finding whose fix another finding's fix includes says so (`subsumed_by`), and its impact is then not
+    counted again: leaving the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies,
+    low-occupancy kernels and per-call mask); fusing an unfused attention chain (AT102) removes the copies its
+    ops make (AT101); tensor cores for an FP32 GEMM (AT201) make its occupancy (AT401) moot; and the idle time
+    after host syncs (AT302) and of launch-bound steps (AT501) is part of the idle time AT402 reports for the
+    same device, whose fix names both."""
     rules = {f["rule"] for f in findings}
+    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"}
     for f in findings:
-        if "AT202" in rules and (
-                (f["rule"] == "AT201" and str(f["evidence"].get("cause", "")).startswith("sdpa-math-upcast"))
+        chain = f["where"].get("op_chain") or ""
+        if "AT202" in rules and f["rule"] != "AT202" and (
+                SDPA_MATH in chain
+                or (f["rule"] == "AT201" and str(f["evidence"].get("cause", "")).startswith("sdpa-math-upcast"))
                 or (f["rule"] == "AT301" and f["evidence"].get("sdpa_math_backend"))):
             f["subsumed_by"] = "AT202"
         elif f["rule"] == "AT101" and "AT102" in rules and f["evidence"].get("in_unfused_attention"):
             f["subsumed_by"] = "AT102"
         elif f["rule"] == "AT401" and f["evidence"].get("kernel_class") == "gemm_fp32_simt" and "AT201" in rules:
             f["subsumed_by"] = "AT201"
+        elif f["rule"] in IDLE_RULES and idle_devices and (
+                f["where"].get("device") in idle_devices or f["where"].get("device") is None):
+            f["subsumed_by"] = "AT402"
 
 
 def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:

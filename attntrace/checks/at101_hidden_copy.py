@@ -103,8 +103,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     findings = []
     for (chain, kind), rows in sorted(groups.items()):
         sizes = [b for b in (_copy_bytes(ctx, r) for r in rows) if b]
-        per_copy = max(sizes) if sizes else None
-        if per_copy is not None and per_copy < ctx.params["min_bytes"]:
+        largest = max(sizes) if sizes else None
+        if largest is not None and largest < ctx.params["min_bytes"]:
             continue
         us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
         if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
@@ -117,7 +117,15 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else next((FIXES[n] for n in names if n in FIXES),
                                                                             GENERIC_FIX)
         count = len(rows) / ctx.step_count
-        size = fmt_bytes(per_copy) if per_copy else "unknown size"
+        # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the
+        # largest beside it, and bytes per step from the copies whose size is known, scaled to all of them.
+        per_copy = sum(sizes) / len(sizes) if sizes else None
+        if not sizes:
+            size = "unknown size"
+        elif largest == min(sizes):
+            size = fmt_bytes(largest)
+        else:
+            size = f"{fmt_bytes(per_copy)} on average (largest {fmt_bytes(largest)})"
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=f"{chain}|{kind}",
@@ -126,7 +134,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                      f"({fmt_us(us_per_step)} GPU per step) via {chain}"),
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
-                      "bytes_per_step": per_copy * count if per_copy else None,
+                      "bytes_per_step": per_copy * count if per_copy else None, "largest_copy_bytes": largest,
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
                       "launch_api": rows[0]["launch_api"],
                       "in_unfused_attention": all(set(ctx.trace.op_ancestors(r["op"])) & attention_ops

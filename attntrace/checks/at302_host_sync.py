@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import Context, fmt_us
+from attntrace.model.intervals import merged_runs
 
 # Calls that block the host until the device is done: synchronize calls and synchronous copies.
 BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
@@ -17,8 +18,10 @@ BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchron
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
-    """Idle time of the device that synced, from its last activity before the sync returned to its first one
-    after it, within the sync's step window; None when the device does not run again in that step."""
+    """Idle time of the device that synced after the sync returned: from the end of the device's busy run at or
+    before that moment (streams merged) to the start of its next one, within the sync's step window; None when
+    the device does not run again in that step. Syncs in a row with no GPU work between them share one gap: it
+    counts for the first of them, the others add 0, so a step's syncs never idle it longer than it lasts."""
     gpu = ctx.trace.gpu_linked.select("ts", "end", pl.col("device").cast(pl.Int64))
     if not gpu.height:
         return [None] * syncs.height
@@ -26,16 +29,32 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
     keyed = (syncs.select(pl.col("end").alias("t"), pl.col("device").cast(pl.Int64), "step").with_row_index("row")
              .join(windows, on="step", how="left"))
     by = "device" if keyed["device"].null_count() == 0 else None
-    before = keyed.sort("t").join_asof(gpu.sort("end").select("device", pl.col("end").alias("prev")), left_on="t",
-                                       right_on="prev", by=by, strategy="backward", check_sortedness=False)
-    after = keyed.sort("t").join_asof(gpu.sort("ts").select("device", pl.col("ts").alias("next")), left_on="t",
-                                      right_on="next", by=by, strategy="forward", check_sortedness=False)
-    joined = before.join(after.select("row", "next"), on="row").sort("row")
+    runs = merged_runs(gpu if by else gpu.with_columns(pl.lit(None, dtype=pl.Int64).alias("device")), ["device"])
+    runs = runs.with_columns(pl.col("ts").shift(-1).over("device").alias("next"))
+    joined = keyed.sort("t").join_asof(runs.select("device", "ts", pl.col("end").alias("prev"), "next"),
+                                       left_on="t", right_on="ts", by=by, strategy="backward",
+                                       check_sortedness=False)
     # Without step markers, the wait for work that only starts after the window (set-up, the next phase of a
     # script) is not this workload's idle time.
     bounded = not ctx.trace.has_step_markers
-    return [None if n is None or (bounded and w is not None and n > w) else max(0.0, n - (p if p is not None else n))
-            for p, n, w in joined.select("prev", "next", "w_end").iter_rows()]
+    idle: dict[int, float | None] = {}
+    counted: set[tuple[Any, ...]] = set()
+    for row, device, begin, end, w_end in joined.sort("t", "row").select(
+            "row", "device", "prev", "next", "w_end").iter_rows():
+        if begin is None:  # nothing ran before it: the sync waited for nothing
+            idle[row] = 0.0
+            continue
+        if end is None or (bounded and w_end is not None and end > w_end):
+            idle[row] = None
+            continue
+        if w_end is not None:
+            end = min(end, max(w_end, begin))
+        if (device, begin) in counted:
+            idle[row] = 0.0
+        else:
+            counted.add((device, begin))
+            idle[row] = max(0.0, end - begin)
+    return [idle[row] for row in range(syncs.height)]
 
 
 def _cause(chain: str) -> str:

@@ -10,6 +10,13 @@ from attntrace import occupancy, taxonomy
 from attntrace.checks.base import Context, Skip, fmt_us, steps_of
 
 CONFIG = ["block_threads", "registers", "shared_memory", "grid_blocks"]
+MAX_CHAINS = 50  # launching ops looked at per kernel: enough to tell one call site from several
+FP32_GEMM_FIX = ("Run the GEMM on tensor cores rather than tuning its occupancy: bf16/fp16 inputs "
+                 "(`torch.autocast`), or TF32 for fp32 (`torch.backends.cuda.matmul.allow_tf32 = True`); AT201 "
+                 "says what made it FP32.")
+TINY_GRID_FIX = ("Give the launch more blocks than the GPU has SMs: batch more work per launch (larger batch, "
+                 "several heads or layers in one kernel, `torch.compile` fusing the small ops), or split the work "
+                 "(split-K for GEMMs, more query blocks for attention).")
 
 
 def by_design(cls: taxonomy.KernelClass | None) -> bool:
@@ -38,7 +45,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     # One launch configuration of one kernel is one finding: maxima across configurations would describe none.
     per_kernel = (kernels.group_by("name", "cls", "device", *CONFIG).agg(
         pl.col("dur").sum().alias("us"), pl.len().alias("count"), pl.col("step").unique().alias("steps"),
-        pl.col("occupancy").max().alias("reported"), pl.col("blocks_per_sm").min())
+        pl.col("occupancy").max().alias("reported"), pl.col("blocks_per_sm").min(),
+        pl.col("op").drop_nulls().unique().sort().alias("ops"))
         .sort(["us", "name", "cls", "device", *CONFIG], descending=[True] + [False] * (3 + len(CONFIG))))
     findings = []
     for k in per_kernel.iter_rows(named=True):
@@ -62,20 +70,25 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue
         tiny_grid = k["blocks_per_sm"] is not None and k["blocks_per_sm"] < 1
         limiter = computed.limited_by if computed else None
+        fix = ctx.rule.docs["fix"]
         if k["cls"] == "gemm_fp32_simt":
             reason = ("an FP32 GEMM on CUDA cores (AT201): moving it to tensor cores is the fix, not its "
                       "occupancy")
+            fix = FP32_GEMM_FIX
         elif tiny_grid:
             reason = (f"its grid ({k['grid_blocks']} blocks) is smaller than the number of SMs, so most SMs "
                       "sit idle: give the launch more parallelism")
+            fix = TINY_GRID_FIX
         else:
             reason = f"resident warps are limited by {limiter or 'the launch configuration'}"
+        chains = sorted({" > ".join(ctx.trace.op_chain(op)) for op in k["ops"][:MAX_CHAINS]} - {""})
         findings.append(ctx.finding(
             device=k["device"],
             key=f"{k['name']}|{k['block_threads']}|{k['registers']}|{k['shared_memory']}|{k['grid_blocks']}",
             message=(f"{occ:.1f}% occupancy ({source.split(' (')[0]}) for a kernel that takes {100 * share:.0f}% "
                      f"of step GPU time ({fmt_us(us_per_step)} per step): {reason}"),
-            where={"op_chain": None, "kernel": k["name"], "steps": steps_of(pl.DataFrame({"step": k["steps"]}))},
+            where={"op_chain": chains[0] if len(chains) == 1 else None, "kernel": k["name"],
+                   "steps": steps_of(pl.DataFrame({"step": k["steps"]}))},
             evidence={"occupancy_pct": occ, "occupancy_source": source,
                       "reported_occupancy_pct": reported,
                       "computed_occupancy_pct": computed.percent if computed else None,
@@ -83,8 +96,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "shared_memory_bytes": k["shared_memory"], "threads_per_block": k["block_threads"],
                       "blocks_per_sm": k["blocks_per_sm"], "kernel_class": k["cls"],
                       "grid_blocks": k["grid_blocks"], "launches": k["count"],
-                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share},
+                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
+                      "launching_op_chains": chains[:3]},
             gpu_us_per_step=us_per_step,
-            fix=ctx.rule.docs["fix"],
+            fix=fix,
         ))
     return findings

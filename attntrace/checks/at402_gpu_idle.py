@@ -16,6 +16,11 @@ BLOCKING_COLLECTIVE = re.compile(r"c10d::|nccl:|record_param_comms|all_reduce|al
                                  r"reduce_scatter|alltoall|broadcast", re.IGNORECASE)
 KEYS = ["step", "device"]
 
+# The largest gap waits for another rank: this rank's CPU and launches are not what holds the GPU back.
+COLLECTIVE_FIX = ("The largest gaps are this rank waiting in a collective for a slower rank: lint all ranks together "
+                  "(`attntrace lint RANK_TRACES --group ranks` shows the step-time spread) and fix the slowest one "
+                  "(uneven batches or sequence lengths, data loading, stragglers), or overlap the communication "
+                  "with compute (DDP `bucket_cap_mb`, FSDP prefetching).")
 
 def _windows(ctx: Context) -> pl.DataFrame:
     """Each (step, device): from the step's CPU start (on the device's own process) to the later of its CPU end
@@ -112,6 +117,9 @@ def _finding(ctx: Context, device: int | None, bad: pl.DataFrame, per_window: pl
     else:
         waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
     steps_of_device = per_window.filter(pl.col("device") == device).height if device is not None else per_window.height
+    # The step the other rules' impacts are shares of (Context.step_us) is not this rule's window, which runs on
+    # to the end of the step's GPU work: the saving is the idle share of it, in the steps that have the idle.
+    saving = share * ctx.step_us * bad.height / max(steps_of_device, 1)
     return ctx.finding(
         key=f"gpu-idle|{device}",
         device=device,
@@ -121,6 +129,6 @@ def _finding(ctx: Context, device: int | None, bad: pl.DataFrame, per_window: pl
         where={"op_chain": None, "kernel": None, "steps": sorted({int(s) for s in bad["step"].to_list()})},
         evidence={"idle_us_per_step": idle_per_step, "window_us_per_step": span_per_step, "idle_share": share,
                   "gaps_per_step": float(bad["gaps"].mean()), "largest_gaps": largest},
-        gpu_us_per_step=idle_per_step,
-        fix=ctx.rule.docs["fix"],
+        gpu_us_per_step=saving,
+        fix=COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"],
     )
