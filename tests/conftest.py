@@ -65,3 +65,28 @@ def s3_server() -> Iterator[dict[str, str]]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+# A copy moves its bytes at most once per direction at the memory's speed: above this, the size is wrong.
+MAX_COPY_BYTES_PER_US = 10e6  # 10 TB/s, beyond any GPU's memory
+
+
+def impact_problems(report: dict) -> list[str]:
+    """What is impossible in a report's impacts: a finding saving more than its step, a trace whose findings
+    (each GPU microsecond counted once: subsumed ones left out) save more than the step, a copy faster than
+    memory."""
+    problems, per_trace = [], {}
+    for f in report["findings"]:
+        share = f["impact"]["share_of_step"]
+        if share > 1.0:
+            problems.append(f"{f['trace']}: {f['rule']} saves {share:.0%} of the step")
+        if "subsumed_by" not in f:
+            per_trace[f["trace"]] = per_trace.get(f["trace"], 0.0) + share
+        evidence = f["evidence"]
+        if f["rule"] == "AT101" and evidence.get("bytes_per_step") and evidence["gpu_us_per_step"] > 0 \
+                and evidence["bytes_per_step"] / evidence["gpu_us_per_step"] > MAX_COPY_BYTES_PER_US:
+            problems.append(f"{f['trace']}: AT101 copies {evidence['bytes_per_step']:.3g} bytes in "
+                            f"{evidence['gpu_us_per_step']:.1f} us per step")
+    problems += [f"{trace}: findings save {total:.0%} of the step" for trace, total in per_trace.items()
+                 if total > 1.0 + 1e-3]
+    return problems

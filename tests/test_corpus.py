@@ -7,6 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import impact_problems
 
 from attntrace.cli import main
 
@@ -43,6 +44,7 @@ def test_wild_corpus_file_is_analysed_or_refused_in_one_line(name: str, kind: st
         assert result.exit_code in (0, 1), result.stderr
         report = orjson.loads(result.stdout)
         assert report["traces"][0]["summary"]["per_step"] is not None
+        assert impact_problems(report) == []
     else:
         assert result.exit_code in (0, 1, 2)
         if result.exit_code == 2:

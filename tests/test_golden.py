@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from conftest import impact_problems
 from update_golden import GOLDEN, ROOT, current
+
+from attntrace import lint
+from attntrace.catalog import load_rules
 
 NUMBERS = ("gpu_us_per_step",)
 
@@ -25,3 +29,13 @@ def test_findings_match_golden_file(monkeypatch: pytest.MonkeyPatch):
         for new, old in zip(now[trace], golden[trace], strict=True):
             for key in NUMBERS:
                 assert new[key] == pytest.approx(old[key], rel=0.01, abs=0.5), (trace, new["rule"], key)
+
+
+def test_impacts_never_add_up_to_more_than_the_step(monkeypatch: pytest.MonkeyPatch):
+    """On every sample trace: no finding saves more than its step, nor all of a trace's findings together (AT402
+    with AT302/AT501, SDPA's math backend with what runs inside it), and no copy is faster than memory."""
+    monkeypatch.chdir(ROOT)
+    traces = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
+    report = lint.run(traces, lint.default_settings(load_rules()))
+    assert {f["rule"] for f in report["findings"]} >= {"AT202", "AT302", "AT402", "AT501"}
+    assert impact_problems(report) == []
