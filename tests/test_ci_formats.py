@@ -100,6 +100,31 @@ def test_baseline_round_trip(tmp_path: Path):
     assert code == 0 and [e["rule"] for e in report["baseline"]["fixed"]] == ["AT101"]
 
 
+def test_github_annotations_with_a_baseline_warn_only_of_new_findings(tmp_path: Path):
+    trace = tmp_path / "attention.pt.trace.json.gz"
+    base = tmp_path / "baseline.json"
+    shutil.copy(sample("bf16_causal_fwd/naive"), trace)
+    lint(str(trace), "--write-baseline", str(base), "--select", "AT101,AT201", "--fail-on", "never")
+    shutil.copy(sample("fp32_causal_fwd/naive"), trace)  # the same copy, plus FP32 GEMMs
+    _, out = lint(str(trace), "--baseline", str(base), "--format", "github", "--select", "AT101,AT201")
+    commands = [(line.split(" ")[0], line.split("title=")[1].split("::")[0]) for line in out.splitlines()]
+    assert sorted(commands) == [("::notice", "AT101 hidden-copy (known%3A in the baseline)"),
+                                ("::warning", "AT201 fp32-gemm")]
+
+
+def test_following_the_copy_fix_keeps_the_unfused_attention_known(tmp_path: Path):
+    # AT101's fix (masked_fill -> masked_fill_) changes an op of AT102's chain: the attention is the same finding.
+    trace = tmp_path / "attention.pt.trace.json.gz"
+    base = tmp_path / "baseline.json"
+    shutil.copy(sample("bf16_causal_fwd/naive"), trace)
+    lint(str(trace), "--write-baseline", str(base), "--fail-on", "never")
+    shutil.copy(sample("bf16_causal_fwd/naive_inplace"), trace)
+    code, out = lint(str(trace), "--baseline", str(base), "--format", "json")
+    report = orjson.loads(out)
+    assert [(f["rule"], f["baseline"]) for f in report["findings"]] == [("AT102", "known")]
+    assert [e["rule"] for e in report["baseline"]["fixed"]] == ["AT101"] and code == 0
+
+
 def test_fingerprints_ignore_timings_and_capture_names(tmp_path: Path):
     # The same program captured twice (different timings, tensorboard-style timestamped names).
     first = tmp_path / "host_1.1700000000001.pt.trace.json.gz"

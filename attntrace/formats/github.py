@@ -1,4 +1,5 @@
-"""GitHub Actions workflow commands: one annotation per finding (and per unreadable trace)."""
+"""GitHub Actions workflow commands: one annotation per finding (and per unreadable trace). With a baseline,
+findings it already holds are notices marked known, so that a pull request's warnings and errors are its own."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def render(report: dict[str, Any]) -> str:
     for f in report["findings"]:
         source = f["where"].get("source")
         place = f"file={_prop(source['file'])},line={source['line']}" if source else f"file={_prop(f['trace'])}"
-        title = _prop(f"{f['rule']} {f['name']}")
+        known = f.get("baseline") == "known"
+        title = _prop(f"{f['rule']} {f['name']}" + (" (known: in the baseline)" if known else ""))
         text = _data(f"{f['message']} [{f['trace']}]\nFix: {f['fix']}")
-        lines.append(f"::{COMMAND[f['severity']]} {place},title={title}::{text}")
+        lines.append(f"::{'notice' if known else COMMAND[f['severity']]} {place},title={title}::{text}")
     return "\n".join(lines) + ("\n" if lines else "")
