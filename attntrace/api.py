@@ -135,21 +135,12 @@ class Report:
         return (orjson.dumps(self.data, option=orjson.OPT_INDENT_2) + b"\n").decode()
 
     def to_polars(self) -> Any:
-        """One row per finding: rule, name, severity, trace, message, op_chain, kernel, steps, source,
-        gpu_us_per_step, share_of_step, fix, fingerprint, and evidence as JSON text."""
-        import polars as pl
+        """One row per finding, the columns of `attntrace lint --format parquet` (README): job, trace, rank,
+        device, rule, severity, message, op_chain, kernel, steps, impact, subsumed_by, baseline, evidence as
+        JSON text, fix, source."""
+        from attntrace.formats import parquet
 
-        schema = {"rule": pl.String, "name": pl.String, "severity": pl.String, "trace": pl.String,
-                  "message": pl.String, "op_chain": pl.String, "kernel": pl.String, "steps": pl.List(pl.Int64),
-                  "source": pl.String, "gpu_us_per_step": pl.Float64, "share_of_step": pl.Float64,
-                  "fix": pl.String, "fingerprint": pl.String, "evidence": pl.String}
-        rows = [{"rule": f.rule, "name": f.name, "severity": f.severity, "trace": f.trace, "message": f.message,
-                 "op_chain": f.op_chain, "kernel": f.kernel, "steps": f.steps, "source": f.source,
-                 "gpu_us_per_step": f.gpu_us_per_step, "share_of_step": f.share_of_step, "fix": f.fix,
-                 "fingerprint": f.fingerprint,
-                 "evidence": orjson.dumps(f.evidence, option=orjson.OPT_SORT_KEYS).decode()}
-                for f in self.findings]
-        return pl.DataFrame(rows, schema=schema)
+        return parquet.rows(self.data)
 
     def to_html(self, title: str = "attntrace lint") -> str:
         """The page of `attntrace lint --format html` (needs the html extra: plotly)."""
@@ -260,7 +251,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
          ignore: str | Iterable[str] | None = None, settings: Settings | Mapping[str, Any] | None = None, *,
          fail_on: str | None = None, config: PathLike | None = None, jobs: int = 1, max_size: int | None = None,
          salvage: bool = False, annotate: PathLike | None = None, timelines: bool = True,
-         progress: Callable[[str, int], None] | None = None, runner: Any = None, group: str = "none") -> Report:
+         progress: Callable[[str, int], None] | None = None, runner: Any = None, group: str = "auto") -> Report:
     """Lint trace files or directories and return the report.
 
     select/ignore: rule ids, names or prefixes ("AT1", "hidden-copy"), as a list or comma-separated.
@@ -270,7 +261,8 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     timelines: keep each trace's per-step GPU timeline for the HTML report (cheap next to reading).
     progress: called with (path, bytes) as each input is done.
     runner: where the traces are linted (attntrace.distributed.runner for a Dask cluster); here by default.
-    group: "ranks" reports one job's rank traces as one verdict, "auto" when the inputs look like one (ranks).
+    group: "ranks" reports one job's rank traces as one verdict, "auto" (as the CLI) when the inputs look like
+    one (ranks), "none" one finding per trace.
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
     from attntrace import lint as engine
     from attntrace.loading import InputError, map_inputs

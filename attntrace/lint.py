@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -154,6 +155,8 @@ def exit_code(report: dict[str, Any], fail_on: str) -> int:
         return 2
     if fail_on == "never":
         return 0
+    if fail_on not in SEVERITY_RANK:
+        raise ValueError(f"fail_on must be one of {', '.join([*SEVERITY_RANK, 'never'])}, not {fail_on!r}")
     limit = SEVERITY_RANK[fail_on]
     counted = [f for f in report["findings"] if f.get("baseline", "new") == "new"]
     return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in counted) else 0
@@ -167,6 +170,18 @@ class _CallableModule(types.ModuleType):
         from attntrace.api import lint
 
         return lint(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what inspect and IDEs show for attntrace.lint(...)
+        from attntrace.api import lint
+
+        return inspect.signature(lint)
+
+    @property  # type: ignore[override]
+    def __doc__(self) -> str | None:  # help(attntrace.lint) is the API's
+        from attntrace.api import lint
+
+        return lint.__doc__
 
 
 sys.modules[__name__].__class__ = _CallableModule

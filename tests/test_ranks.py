@@ -110,3 +110,12 @@ def test_a_baseline_of_the_grouped_findings_marks_a_new_rank_problem_new(job: Pa
 def test_spans_fold_runs_of_ranks() -> None:
     assert spans([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
     assert spans([]) == ""
+
+
+def test_the_python_api_groups_ranks_as_the_cli_does(job: Path) -> None:
+    import attntrace
+
+    cli = CliRunner().invoke(main, ["lint", str(job), "--format", "json", "--fail-on", "never"])
+    report = attntrace.lint(job)
+    assert report.to_json() == cli.stdout and "job" in orjson.loads(cli.stdout)
+    assert report.to_polars().height == len(orjson.loads(cli.stdout)["findings"])

@@ -32,6 +32,7 @@ COLUMNS: dict[str, Any] = {
     "evidence": pl.String,  # JSON
     "ranks": pl.String,  # JSON: on K of N ranks with the impact's spread, when findings are grouped by rank
     "fix": pl.String,
+    "source": pl.String,  # file:line of the user's code, when the trace has Python stacks
 }
 
 
@@ -51,6 +52,7 @@ def rows(report: dict[str, Any]) -> pl.DataFrame:
             "evidence": orjson.dumps(f.get("evidence"), option=orjson.OPT_SORT_KEYS).decode(),
             "ranks": orjson.dumps(f["ranks"], option=orjson.OPT_SORT_KEYS).decode() if f.get("ranks") else None,
             "fix": f["fix"],
+            "source": f"{where['source']['file']}:{where['source']['line']}" if where.get("source") else None,
         })
     return pl.DataFrame(out, schema=COLUMNS, orient="row") if out else pl.DataFrame(schema=COLUMNS)
 
