@@ -131,7 +131,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             key=f"{chain}|{kind}",
             device=rows[0]["device"],
             message=(f"{asked_by} makes {ctx.per_step(len(rows), f'hidden {kind}')} of {size} "
-                     f"({fmt_us(us_per_step)} GPU per step) via {chain}"),
+                     f"({fmt_us(us_per_step)} GPU {ctx.each_step}) via {chain}"),
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
                       "bytes_per_step": per_copy * count if per_copy else None, "largest_copy_bytes": largest,

@@ -158,7 +158,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             key=_stable_key(pattern),
             message=(f"unfused attention materialises a {side}x{side} score tensor ({fmt_bytes(score_bytes)}) "
                      f"{ctx.per_step(len(hits), 'time')} via {pattern}: about {fmt_bytes(moved)} of memory traffic "
-                     "per step "
+                     f"{ctx.each_step} "
                      f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"
                      + (f"; head dim {head_dim} is above what flash and cuDNN take ({FUSED_MAX_HEAD_DIM}), so a "
                         "fused kernel may not be faster here: measure before switching" if too_wide else "")),

@@ -95,7 +95,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=rows[0]["op"],
             key=f"{cause}|{chain if cause not in ONE_FINDING_CAUSES else ''}",
             message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores, not tensor cores: "
-                     f"{why} ({fmt_us(us_per_step)} GPU per step, {100 * share:.0f}% of step GPU time)"),
+                     f"{why} ({fmt_us(us_per_step)} GPU {ctx.each_step}, {100 * share:.0f}% {ctx.of_step_gpu})"),
             where={"op_chain": chain, "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels[:20],
                       "op_chains": chains[:20],

@@ -74,7 +74,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=hits[0][0],
             key=f"{reason}|{chain}",
             message=(f"SDPA ran the math backend: {ctx.per_step(len(hits), 'call')} "
-                     f"({rows.height / len(hits):.0f} kernels per call, {fmt_us(us_per_step)} GPU per step): "
+                     f"({rows.height / len(hits):.0f} kernels per call, {fmt_us(us_per_step)} GPU {ctx.each_step}): "
                      f"{sentence}"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},
             evidence={"reason": reason, "calls_per_step": per_step, "kernels_per_call": rows.height / len(hits),

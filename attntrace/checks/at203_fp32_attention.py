@@ -25,8 +25,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=rows["op"][0],
             key=name,
-            message=(f"fused attention {direction} runs in fp32 on CUDA cores ({fmt_us(us_per_step)} per step, "
-                     f"{100 * share:.0f}% of step GPU time); in bf16/fp16 it would save about {fmt_us(gain)}"),
+            message=(f"fused attention {direction} runs in fp32 on CUDA cores ({fmt_us(us_per_step)} {ctx.each_step}, "
+                     f"{100 * share:.0f}% {ctx.of_step_gpu}); in bf16/fp16 it would save about {fmt_us(gain)}"),
             where={"op_chain": chain, "kernel": name, "steps": steps_of(rows)},
             evidence={"kernels_per_step": rows.height / ctx.step_count, "gpu_us_per_step": us_per_step,
                       "share_of_step_gpu": share, "assumed_bf16_speedup": ctx.params["expected_speedup"]},

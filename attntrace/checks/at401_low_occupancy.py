@@ -86,7 +86,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             device=k["device"],
             key=f"{k['name']}|{k['block_threads']}|{k['registers']}|{k['shared_memory']}|{k['grid_blocks']}",
             message=(f"{occ:.1f}% occupancy ({source.split(' (')[0]}) for a kernel that takes {100 * share:.0f}% "
-                     f"of step GPU time ({fmt_us(us_per_step)} per step): {reason}"),
+                     f"{ctx.of_step_gpu} ({fmt_us(us_per_step)} {ctx.each_step}): {reason}"),
             where={"op_chain": chains[0] if len(chains) == 1 else None, "kernel": k["name"],
                    "steps": steps_of(pl.DataFrame({"step": k["steps"]}))},
             evidence={"occupancy_pct": occ, "occupancy_source": source,

@@ -63,6 +63,16 @@ class Context:
         """GPU activity inside steady-state steps (not graph captures), linked to its launch and op."""
         return self.trace.gpu_linked.filter(pl.col("step").is_in(self.trace.steady_steps))
 
+    @property
+    def each_step(self) -> str:
+        """How a per-step time reads: "per step", or "in the trace" when the trace shows no steps (it is then
+        one window)."""
+        return "per step" if self.trace.has_step_markers else "in the trace"
+
+    @property
+    def of_step_gpu(self) -> str:
+        return "of step GPU time" if self.trace.has_step_markers else "of the trace's GPU time"
+
     def per_step(self, total: int, noun: str, plural: str | None = None) -> str:
         """A count as people say it: "1 host sync per step", "2 host syncs in 3 steps", "2 ... in the trace"."""
         return count_per_step(total, self.step_count, self.trace.has_step_markers, noun, plural)

@@ -37,8 +37,10 @@ def render(report: dict[str, Any]) -> str:
         for f in report["findings"]:
             status = " (new)" if f.get("baseline") == "new" else ""
             where = f["where"].get("op_chain") or f["where"].get("kernel") or ""
+            source = f["where"].get("source")
+            at = f" at `{_cell(source['file'])}:{source['line']}`" if source else ""
             out.append(f"| {ICON[f['severity']]} | {f['rule']} {f['name']}{status} | {_cell(f['message'])}"
-                       f"<br>`{_cell(where)}` in `{f['trace']}` | {f['impact']['gpu_us_per_step']:.0f} us "
+                       f"<br>`{_cell(where)}`{at} in `{f['trace']}` | {f['impact']['gpu_us_per_step']:.0f} us "
                        f"| {_cell(f['fix'])} |")
     baseline = report.get("baseline")
     if baseline and baseline["fixed"]:

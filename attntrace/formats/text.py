@@ -7,22 +7,32 @@ from typing import Any
 import click
 
 COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
+KERNEL_WIDTH = 160  # templated kernel names run to thousands of characters: the head tells them apart
 
 
-def _finding(f: dict[str, Any], style: Any) -> list[str]:
+def _finding(f: dict[str, Any], style: Any, stepped: bool = True) -> list[str]:
+    """A finding's lines; `stepped` False for a trace without steps, whose numbers are for the whole trace."""
     impact = f["impact"]
     sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
     known = {"known": " (known)", "new": " (new)"}.get(f.get("baseline", ""), "")
     lines = [f"  {style(f['rule'], bold=True)} {sev} {f['message']}{known}"]
-    if f["where"].get("op_chain"):
-        lines.append(f"      where: {f['where']['op_chain']}")
+    where = f["where"]
+    if where.get("op_chain"):
+        lines.append(f"      where: {where['op_chain']}")
+    if where.get("kernel"):
+        kernel = where["kernel"]
+        lines.append(f"      kernel: {kernel if len(kernel) <= KERNEL_WIDTH else kernel[:KERNEL_WIDTH - 3] + '...'}")
+    if where.get("source"):
+        source = where["source"]
+        lines.append(f"      source: {source['file']}:{source['line']} ({source.get('function') or '?'})")
     if impact["gpu_us_per_step"]:
         spread = f.get("ranks", {}).get("gpu_us_per_step")
         across = (f"; across ranks min {spread['min']:.1f}, median {spread['median']:.1f}, max {spread['max']:.1f} us"
                   if spread else "")
         also = f"; {f['subsumed_by']}'s fix includes this one" if f.get("subsumed_by") else ""
-        lines.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
-                     f"({100 * impact['share_of_step']:.1f}% of step){across}{also}")
+        per, of = ("per step", "of step") if stepped else ("in the trace", "of the trace")
+        lines.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU {per} "
+                     f"({100 * impact['share_of_step']:.1f}% {of}){across}{also}")
     lines.append(f"      fix: {f['fix']}")
     return lines
 
@@ -58,7 +68,7 @@ def render(report: dict[str, Any], colour: bool) -> str:
         if not found:
             out.append("  no findings")
         for f in found:
-            out += _finding(f, style)
+            out += _finding(f, style, stepped=bool(trace["steps"]))
         for skip in skipped.get(path, []):
             out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))
         out.append("")
