@@ -137,6 +137,7 @@ def test_the_exit_without_teardown_keeps_output_status_and_atexit(tmp_path: Path
         done = subprocess.run([sys.executable, "-c", runner, "lint", NAIVE, CLEAN, "--format", "json", "--jobs", jobs],
                               stdout=fh, stderr=subprocess.PIPE, text=True)
     assert done.returncode == 1, done.stderr  # the naive trace's warnings
-    assert done.stderr.endswith("atexit ran\n")
+    # In (not at the end of) stderr: the pool's helper processes share the pipe and may write after this one.
+    assert "atexit ran\n" in done.stderr
     report = orjson.loads(out.read_bytes())
     assert {t["path"] for t in report["traces"]} == {NAIVE, CLEAN} and report["findings"]
