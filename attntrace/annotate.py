@@ -6,7 +6,6 @@ start of the event list, and the file is compressed again when the input was gzi
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import polars as pl
 
 from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
+from attntrace.output import WouldOverwriteInput, replacing
 from attntrace.reader import TraceError
 
 PROCESS_NAME = "attntrace"
@@ -167,25 +167,20 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
     """Write `source` with the findings' events to `target`, gzip again when `source` was gzip."""
     if trace.meta.incomplete:
         raise TraceError("truncated", "cannot annotate a cut-off trace (its event list has no end)")
-    if os.path.exists(target) and os.path.samefile(source, target):
-        raise TraceError("unwritable", f"--annotate would overwrite the input {target}")
     with open(source, "rb") as fh:
         compressed = fh.read(2) == b"\x1f\x8b"
     added = events(trace, findings)
     Path(target).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{target}.tmp{os.getpid()}"
     try:
         # No name and mtime=0 in the gzip header: the same input gives byte-identical output.
-        with open(tmp, "wb") as raw, (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0)
-                                      if compressed else raw) as out:
+        with replacing(target, [source]) as raw, (
+                gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw
+        ) as out:
             for piece in insert(_chunks(source), added):
                 out.write(piece)
-        os.replace(tmp, target)
-    except (OSError, zlib.error, TraceError) as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, TraceError):
-            raise
+    except WouldOverwriteInput as exc:
+        raise TraceError("unwritable", f"--annotate would overwrite the input {target}") from exc
+    except (OSError, zlib.error) as exc:
         raise TraceError("unwritable", f"cannot write {target} ({getattr(exc, 'strerror', None) or exc})") from exc
 
 

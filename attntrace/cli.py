@@ -9,6 +9,7 @@ import importlib.util
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -27,39 +28,19 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a process stopp
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # and for one whose reader went away (| head -1)
 
 
-def _emit(text: str | bytes, output: str | None) -> None:
+def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> None:
+    """The command's result to stdout, or to the file `output` (never one of `inputs`, the traces it read)."""
     data = text.encode("utf-8", "backslashreplace") if isinstance(text, str) else text
     if output in (None, "-"):
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
+    from attntrace.output import write_bytes
+
     try:
-        write_atomic(output, data)
+        write_bytes(output, data, inputs)
     except OSError as exc:
         raise click.ClickException(f"{_shown(output)}: cannot write output ({exc.strerror or exc})") from exc
-
-
-def write_atomic(target: str, data: bytes) -> None:
-    """Write to a temporary file beside the target, then rename it over the target: a write that fails half
-    way (disk full, ulimit -f) leaves the old file whole, and two runs never interleave in one file."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        if os.path.exists(target):
-            os.chmod(tmp, os.stat(target).st_mode & 0o7777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _escaped(value: Any) -> Any:
@@ -199,11 +180,12 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
     for err in errors:
         _error(err.line())
     ok = [r for r in results if not isinstance(r, InputError)]
+    read = [*paths, *(s["path"] for s in ok)]
     if fmt == "json":
         doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
-        _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output)
+        _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:
-        _emit("\n\n".join(summary_table(s) for s in ok) + ("\n" if ok else ""), output)
+        _emit("\n\n".join(summary_table(s) for s in ok) + ("\n" if ok else ""), output, read)
     sys.exit(EXIT_ERROR if errors else EXIT_OK)
 
 
@@ -403,33 +385,34 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     for trace in report["traces"]:
         if trace["error"]:
             _error(f"{trace['path']}: {trace['error']['message']}")
+    read = [*paths, *(t["path"] for t in report["traces"])]
     if write_baseline:
-        _emit(baseline.dump(report), write_baseline)
+        _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":
-        _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", output)
+        _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     elif fmt == "sarif":
         from attntrace.formats import sarif
 
-        _emit(orjson.dumps(sarif.render(report, load_rules()), option=orjson.OPT_INDENT_2) + b"\n", output)
+        _emit(orjson.dumps(sarif.render(report, load_rules()), option=orjson.OPT_INDENT_2) + b"\n", output, read)
     elif fmt == "github":
         from attntrace.formats import github
 
-        _emit(github.render(report), output)
+        _emit(github.render(report), output, read)
     elif fmt == "markdown":
         from attntrace.formats import markdown
 
-        _emit(markdown.render(report), output)
+        _emit(markdown.render(report), output, read)
     elif fmt == "html":
-        _emit(result.to_html(), output)
+        _emit(result.to_html(), output, read)
     elif fmt == "parquet":
         from attntrace.formats import parquet
 
-        _emit(parquet.render(report), output)
+        _emit(parquet.render(report), output, read)
     else:
         from attntrace.formats.text import render
 
         colour = output in (None, "-") and sys.stdout.isatty()
-        _emit(render(report, colour), output)
+        _emit(render(report, colour), output, read)
     sys.exit(engine.exit_code(report, settings.fail_on))
 
 
@@ -507,8 +490,9 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     for c in result["comparisons"]:
         for line in c["errors"]:
             _error(line)
+    read = [base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new"))]
     if fmt == "json":
-        _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output)
+        _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:
-        _emit(differ.render(result), output)
+        _emit(differ.render(result), output, read)
     sys.exit(EXIT_ERROR if result["errors"] else EXIT_FINDINGS if result["regressions"] else EXIT_OK)

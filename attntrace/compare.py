@@ -277,7 +277,7 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
                 "top_kernel": summary["top_kernels"][0]["name"] if summary["top_kernels"] else None,
             }
             if lint:
-                entry["numbers"]["findings"] = _finding_counts(trace)
+                entry["numbers"]["findings"] = finding_counts(trace)
         variants.append(entry)
     config = meta["config"]
     flops = attention_flops(config["shape"], config["causal"], config["backward"])
@@ -286,7 +286,8 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
             "table": table_rows(variants, flops, peak, on_gpu=config["device"] == "cuda")}
 
 
-def _finding_counts(trace: Any) -> str:
+def finding_counts(trace: Any) -> str:
+    """The findings column of the run table: counts by severity ("2W 1I"), or "none"."""
     from attntrace.lint import lint_trace
 
     report = lint_trace(trace)

@@ -164,3 +164,16 @@ def test_skip_reasons_are_short_on_pytorch_messages_from_the_h200():
                 "dimension and to be less than or equal to 256. Got Query.size(-1): 1000, Key.size(-1): 1000"]
     assert short_reason(kernel, head_dim, "sdpa_flash") == "flash: head dim 1000 > 256"
     assert short_reason(ValueError("a long first sentence. And more"), [], "compiled") == "a long first sentence"
+
+
+def test_the_sample_runs_findings_column_is_what_lint_says_now():
+    # The column is lint's verdict on each variant's trace at capture time; a rule change must be carried into
+    # the committed runs (tests/update_run_tables.py), or the README's table and run.json say something else.
+    from update_run_tables import findings_now, runs
+
+    for path in runs():
+        report = orjson.loads(path.read_bytes())
+        now = findings_now(path)
+        assert now, path
+        assert {v["name"]: v["numbers"]["findings"] for v in report["variants"] if v["name"] in now} == now, path
+        assert {r["variant"]: r["findings"] for r in report["table"] if r["variant"] in now} == now, path

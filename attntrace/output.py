@@ -1,0 +1,61 @@
+"""Writing what the user asked for (--output, --write-baseline, --annotate) without harming what is there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+
+class WouldOverwriteInput(OSError):
+    """The output is one of the command's inputs: never written over."""
+
+
+@contextlib.contextmanager
+def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
+    """A file to write `target`'s new content to. A regular file (or a new one) is written beside it and renamed
+    over it once complete: a write that fails half way (disk full, ulimit -f) leaves the old file whole, and
+    two runs never interleave in one file. A symlink is written through (the link stays, its file changes); a
+    device, FIFO or terminal (/dev/null, /dev/stdout) is written to, never replaced. Raises
+    WouldOverwriteInput when the target is one of `inputs`."""
+    try:
+        existing: os.stat_result | None = os.stat(target)  # through symlinks
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode) and not stat.S_ISDIR(existing.st_mode):
+        with open(target, "wb") as fh:  # /dev/stdout resolves to no path of its own: opened as named
+            yield fh
+        return
+    real = os.path.realpath(target)
+    if existing is not None and any(_same(path, real) for path in inputs):
+        raise WouldOverwriteInput("it is one of the inputs: not overwritten")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{os.path.basename(real)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        if existing is not None:
+            os.chmod(tmp, existing.st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(target: str, data: bytes, inputs: Iterable[str] = ()) -> None:
+    with replacing(target, inputs) as fh:
+        fh.write(data)
+
+
+def _same(path: str, real: str) -> bool:
+    try:
+        return os.path.samefile(path, real)
+    except (OSError, ValueError):  # a URL, stdin, a path gone since
+        return False

@@ -1,0 +1,76 @@
+"""What --output, --write-baseline, --annotate and diff -o write to: never an input, through a symlink, into a
+FIFO or device as it is, and a failed write is one line with exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import sample
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attntrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a.pt.trace.json.gz", tmp_path / "b.pt.trace.json.gz"
+    shutil.copy(sample("bf16_causal_fwd/naive"), a)
+    shutil.copy(sample("bf16_causal_fwd/sdpa"), b)
+    return a, b
+
+
+@pytest.mark.parametrize("command", [
+    ["lint", "a.pt.trace.json.gz", "b.pt.trace.json.gz", "--output", "a.pt.trace.json.gz"],
+    ["lint", ".", "--format", "json", "--output", "b.pt.trace.json.gz"],
+    ["lint", "a.pt.trace.json.gz", "--write-baseline", "a.pt.trace.json.gz"],
+    ["summary", "a.pt.trace.json.gz", "--output", "a.pt.trace.json.gz"],
+    ["diff", "a.pt.trace.json.gz", "b.pt.trace.json.gz", "--output", "b.pt.trace.json.gz"],
+    ["lint", "a.pt.trace.json.gz", "--annotate", "a.pt.trace.json.gz"],
+])
+def test_an_input_is_never_written_over(traces: tuple[Path, Path], command: list[str]) -> None:
+    before = [_digest(p) for p in traces]
+    done = _run(*command, cwd=traces[0].parent)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "input" in done.stderr and done.stderr.strip().count("\n") <= 1, done.stderr
+    assert [_digest(p) for p in traces] == before
+
+
+def test_a_symlink_is_written_through(traces: tuple[Path, Path]) -> None:
+    folder = traces[0].parent
+    (folder / "report.json").write_text("old")
+    (folder / "latest.json").symlink_to("report.json")
+    done = _run("lint", "a.pt.trace.json.gz", "--format", "json", "--output", "latest.json", cwd=folder)
+    assert done.returncode == 1, done.stderr
+    assert (folder / "latest.json").is_symlink() and (folder / "report.json").read_text().startswith("{")
+
+
+def test_a_fifo_stays_a_fifo_and_gets_the_report(traces: tuple[Path, Path]) -> None:
+    fifo = traces[0].parent / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    done = _run("lint", "a.pt.trace.json.gz", "--format", "json", "--output", "pipe", cwd=fifo.parent)
+    reader.join(timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert fifo.is_fifo() and got and got[0].startswith(b"{")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_device_is_one_line_and_exit_2(traces: tuple[Path, Path]) -> None:
+    done = _run("lint", "a.pt.trace.json.gz", "--output", "/dev/full", cwd=traces[0].parent)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "/dev/full" in done.stderr and Path("/dev/full").is_char_device()
