@@ -3,6 +3,7 @@ is executed; its detection logic lives in attntrace/checks/."""
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -43,17 +44,70 @@ class Rule:
     path: str
 
     def coerce(self, param: str, value: Any) -> Any:
-        """A user-given value converted to the type of the parameter's default."""
+        """A user-given value converted to the type of the parameter's default ("1M" for a size in bytes) and
+        checked against what its unit allows (a fraction is 0..1, a percentage 0..100, a ratio above 0, any
+        other threshold 0 or more; never NaN or infinite)."""
         if param not in self.parameters:
             known = ", ".join(sorted(self.parameters)) or "none"
             raise ValueError(f"{self.id} has no parameter {param!r} (known: {known})")
-        default = self.parameters[param].default
+        spec = self.parameters[param]
+        default = spec.default
+        if isinstance(default, bool):
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
         try:
-            if isinstance(default, bool):
-                return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-            return type(default)(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.id}.{param}: {value!r} is not a {type(default).__name__}") from exc
+            if isinstance(default, int):
+                number: float = parse_size(value) if spec.unit == "bytes" else _whole(value)
+            elif isinstance(value, bool):
+                raise ValueError(value)
+            else:
+                number = float(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            kind = "a size such as 512K or 1M" if spec.unit == "bytes" else (
+                "a whole number" if isinstance(default, int) else "a number")
+            raise ValueError(f"{self.id}.{param}: {value!r} is not {kind}") from exc
+        low, high, bound = _limits(spec.unit)
+        if not (math.isfinite(number) and low <= number <= high and (number > 0 or bound != "above 0")):
+            what = "a ratio" if spec.unit == "x" else spec.unit
+            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {bound})")
+        return type(default)(number)
+
+
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from 1048576, "512K", "1M", "1.5GiB"; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in SIZE_UNITS and text[-1:] else ""
+    size = float(text[: len(text) - len(unit)]) * SIZE_UNITS[unit]
+    if not math.isfinite(size) or size != int(size):
+        raise ValueError(value)
+    return int(size)
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(value)
+    return int(number)
+
+
+def _limits(unit: str) -> tuple[float, float, str]:
+    if unit.startswith("fraction"):
+        return 0.0, 1.0, "0 to 1"
+    if unit == "percent":
+        return 0.0, 100.0, "0 to 100"
+    if unit == "x":
+        return 0.0, math.inf, "above 0"
+    return 0.0, math.inf, "0 or more"
 
 
 def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:

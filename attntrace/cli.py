@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import click
 import orjson
@@ -65,15 +65,14 @@ def _shown(text: str) -> str:
 
 class ByteSize(click.ParamType):
     name = "SIZE"
-    UNITS: ClassVar[dict[str, int]] = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
-        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
-        unit = text[-1:] if text[-1:] in self.UNITS and text[-1:] else ""
+        from attntrace.catalog import parse_size
+
         try:
-            size = int(float(text[: len(text) - len(unit)]) * self.UNITS[unit])
+            size = parse_size(value)
         except (ValueError, OverflowError):
             self.fail(f"{value!r} is not a size such as 512M or 16G", param, ctx)
         if size <= 0:

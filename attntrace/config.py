@@ -145,8 +145,11 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
             key, sep, value = item.partition("=")
             rid, dot, name = key.partition(".")
             if not sep or not dot:
-                raise ValueError(f"--set {item!r} must look like RULE.param=VALUE")
-            params[_one(rid, rules)][name] = rules[_one(rid, rules)].coerce(name, value)
+                raise ConfigError(f"--set {item!r} must look like RULE.param=VALUE")
+            try:
+                params[_one(rid, rules)][name] = rules[_one(rid, rules)].coerce(name, value)
+            except ValueError as exc:
+                raise ConfigError(f"--set {item!r}: {exc}") from exc
         severity = {_one(rid, rules): str(o["severity"]) for rid, o in (file_config.get("rules") or {}).items()
                     if "severity" in o}
         for rid, level in severity.items():

@@ -141,3 +141,20 @@ def test_the_exit_without_teardown_keeps_output_status_and_atexit(tmp_path: Path
     assert "atexit ran\n" in done.stderr
     report = orjson.loads(out.read_bytes())
     assert {t["path"] for t in report["traces"]} == {NAIVE, CLEAN} and report["findings"]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("AT101.min_bytes=1.5", "is not a size"), ("AT101.min_share=2", "out of range"),
+    ("AT101.min_share=nan", "out of range"), ("AT501.launch_bound_ratio=0", "above 0"),
+    ("AT501.min_launches=true", "whole number"), ("AT101.nope=1", "no parameter 'nope'"),
+])
+def test_a_bad_set_names_the_option_and_the_problem(setting: str, message: str) -> None:
+    result = CliRunner().invoke(main, ["lint", NAIVE, "--set", setting])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert f"--set '{setting}'" in result.stderr and message in result.stderr
+
+
+def test_a_size_parameter_takes_units() -> None:
+    quiet = CliRunner().invoke(main, ["lint", NAIVE, "--select", "AT101", "--set", "AT101.min_bytes=1G"])
+    loud = CliRunner().invoke(main, ["lint", NAIVE, "--select", "AT101", "--set", "AT101.min_bytes=1M"])
+    assert (quiet.exit_code, loud.exit_code) == (0, 1)

@@ -262,7 +262,12 @@ BAD_CONFIGS = {
     "severity critical": ('[tool.attntrace.rules.AT101]\nseverity = "critical"\n', "must be one of error"),
     "unknown key": ("[tool.attntrace]\nselekt = []\n", "unknown key 'tool.attntrace.selekt'"),
     "unknown rule": ('[tool.attntrace]\nignore = ["AT999"]\n', "unknown rule 'AT999'"),
-    "bad parameter value": ('[tool.attntrace.rules.AT101]\nmin_bytes = "lots"\n', "is not a int"),
+    "bad parameter value": ('[tool.attntrace.rules.AT101]\nmin_bytes = "lots"\n', "is not a size"),
+    "infinite parameter": ("[tool.attntrace.rules.AT101]\nmin_bytes = inf\n", "is not a size"),
+    "NaN share": ("[tool.attntrace.rules.AT101]\nmin_share = nan\n", "out of range"),
+    "share above 1": ("[tool.attntrace.rules.AT402]\nmin_idle_share = 2\n", "out of range (fraction"),
+    "negative threshold": ("[tool.attntrace.rules.AT402]\nmin_idle_us = -5\n", "out of range"),
+    "fractional count": ("[tool.attntrace.rules.AT501]\nmin_launches = 2.5\n", "not a whole number"),
     "latin-1": ('[tool.attntrace]\n# caf\xe9\nselect = ["AT1"]\n'.encode("latin-1"), "not UTF-8"),
     "not toml": ("[tool.attntrace\n", "not valid TOML"),
 }
