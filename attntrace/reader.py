@@ -434,8 +434,8 @@ def _decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False)
             return _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(data))))
         if head == b"{":
             chunked = None
-            if len(data) > CHUNK_BYTES:
-                chunked = _outlined(path, data) if whole else _chunked(path, data)
+            if len(data) > CHUNK_BYTES and not whole:
+                chunked = _chunked(path, data)
             return chunked or RawTrace(path, len(data), _DOCUMENT.decode(data))
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
@@ -695,8 +695,9 @@ def _decode_tolerant(path: str, data: Buffer) -> RawTrace:
     return _from_builtins(path, len(data), document)
 
 
-# A number with an exponent too large for a float (1e999): JSON allows it, msgspec refuses it.
-_HUGE_NUMBER = re.compile(rb"(?<=[:,\[])(\s*)(-?\d+(?:\.\d+)?[eE]\+?\d{3,})(?=\s*[,}\]])")
+# A number too large for a float, by its exponent (1e999) or its digits (over 308 of them, which msgspec also
+# refuses past Python's 4300-digit integers): JSON allows it.
+_HUGE_NUMBER = re.compile(rb"(?<=[:,\[])(\s*)(-?\d+(?:\.\d+)?[eE]\+?\d{3,}|-?\d{309,}(?:\.\d+)?)(?=\s*[,}\]])")
 
 
 def _decode_out_of_range(path: str, data: Buffer) -> RawTrace:

@@ -120,6 +120,35 @@ def test_broken_json_inside_a_later_piece_is_a_one_line_error(tmp_path: Path, mo
     assert "not valid JSON" in result.stderr and "internal error" not in result.stderr
 
 
+@pytest.mark.parametrize(("change", "outcome"), [
+    (b'"name": "k1500x"', b'"name": "k\xff\xfe"'),  # invalid UTF-8 inside a string
+    (b'"ts": 1500.0, "dur": 1.0', b'"ts": 1500.0, "dur": 1e400'),  # beyond a float: a missing value
+    (b'"ts": 1500.0, "dur": 1.0', b'"ts": 1500.0, "dur": ' + b"9" * 5000),  # 5000 digits
+])
+def test_a_problem_inside_a_piece_reads_as_in_a_small_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            change: bytes, outcome: bytes):
+    # The pieces do not parse, the outline does: the trace is decoded again as one document, which gives the
+    # small file's answer (an error naming the problem, or the value read as missing), never "internal error".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}x", "pid": 0, "tid": 7, "ts": float(i), "dur": 1.0}
+              for i in range(2000)]
+    text = json.dumps({"traceEvents": events}).encode()
+    assert change in text
+    results = []
+    for size in (1 << 10, 64 << 20):  # in pieces, and whole
+        path = tmp_path / f"t{size}.json"
+        path.write_bytes(text.replace(change, outcome, 1))
+        monkeypatch.setattr(reader, "CHUNK_BYTES", size)
+        result = CliRunner().invoke(main, ["lint", str(path), "--format", "json"])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        assert "internal error" not in result.stderr
+        results.append((result.exit_code, result.stderr.replace(str(path), "T")))
+    assert results[0] == results[1]
+
+
 def _tables_of(path: str) -> dict[str, object]:
     trace = load(path)
     return {kind: getattr(trace, kind) for kind in ("ops", "launches", "gpu", "flows", "gpu_annotations", "python")}
