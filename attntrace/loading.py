@@ -5,6 +5,8 @@ No input can take the others down: an exception becomes that input's error, and 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -151,6 +153,21 @@ def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
 Runner = Callable[[list[str], Callable[[str], Any]], list[Any]]
 
 
+def _openable_elsewhere(path: str) -> bool:
+    """Whether a worker process can open this input by its name: a file or a URL, not stdin, a pipe or a
+    /dev/fd descriptor (`<(zcat t.json.gz)`), which only this process holds."""
+    from attntrace.sources import is_url
+
+    if path == "-" or path.startswith(("/dev/fd/", "/proc/self/fd/", "/dev/stdin")):
+        return False
+    if is_url(path):
+        return True
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # the worker reports it, as this process would
+        return True
+
+
 def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
                runner: Runner | None = None) -> Iterator[T | InputError]:
     """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time (or by `runner`)."""
@@ -158,7 +175,7 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
     todo = [item[0] for item in found if isinstance(item, tuple)]
     if runner is not None:
         done: Iterator[T | InputError] = iter(runner(todo, work))
-    elif jobs > 1 and len(todo) > 1 and "-" not in todo:
+    elif jobs > 1 and len(todo) > 1 and all(map(_openable_elsewhere, todo)):
         done = _pooled(todo, work, jobs)
     else:
         done = (guarded(p, work) for p in todo)

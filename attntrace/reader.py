@@ -193,6 +193,8 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
 
     try:
         if path == "-":
+            if sys.stdin is None:  # started with stdin closed (<&-)
+                raise TraceError("unreadable", "stdin is closed")
             data = _read_stream(sys.stdin.buffer, max_bytes)
         elif sources.is_url(path):
             data = sources.read_bytes(path, max_bytes)
