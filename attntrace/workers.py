@@ -67,11 +67,20 @@ def _main_is_guarded() -> bool:
     return bool(re.search(r"""__name__\s*==\s*['"]__main__['"]""", text))
 
 
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 def context() -> BaseContext:
     """The forkserver context where this platform has one, else spawn (each worker then imports on its own)."""
     global _context
     with _lock:
         if _context is None:
+            # The resource tracker (a process of its own, started with this interpreter's -W options) unlinks the
+            # pools' semaphores left when a run ends while they are still held (Ctrl-C, a worker that died, an
+            # exit while a pool winds down); its warning about them is not the user's business, and would break
+            # the one line an error gets on stderr.
+            if QUIET_TRACKER not in sys.warnoptions:
+                sys.warnoptions.append(QUIET_TRACKER)
             if "forkserver" in multiprocessing.get_all_start_methods():
                 _context = multiprocessing.get_context("forkserver")
                 _context.set_forkserver_preload(PRELOAD)

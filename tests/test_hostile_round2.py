@@ -557,3 +557,11 @@ def test_endless_stream_of_non_json_stops_after_its_first_piece():
         done = subprocess.run([*CLI, "lint", "-"], stdin=zeros, capture_output=True, cwd=ROOT)
         assert done.returncode == 2 and b"not a JSON object or list (starts with b'\\x00" in done.stderr
         assert len(reader._read_stream(zeros, 1 << 40)) <= reader.STREAM_CHUNK
+
+
+def test_semaphores_left_at_exit_are_cleaned_up_without_a_warning() -> None:
+    # A run that ends while a pool still holds its semaphores (Ctrl-C, a dead worker): the resource tracker
+    # unlinks them; its "leaked semaphore objects" warning would break the one line an error gets.
+    code = ("import os\nfrom attntrace import workers\nlock = workers.context().Lock()\nos._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == ""
