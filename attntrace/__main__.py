@@ -1,5 +1,6 @@
 """`python -m attntrace` and the `attntrace` console script: Ctrl-C ends the process quietly with 130, the
-shell's status for an interrupted command, whether it comes during the imports, the analysis or the exit."""
+shell's status for an interrupted command, whether it comes during the imports, the analysis or the exit;
+SIGTERM (kill, a CI job's timeout) with 143. Either way the worker processes go with it."""
 
 import contextlib
 import os
@@ -12,23 +13,28 @@ TRACE_COMMANDS = ("lint", "summary", "diff")
 
 def _interrupted(signum: int, frame: object) -> None:
     # Stop the workers first (they ignore SIGINT, and would otherwise print their own errors when their
-    # parent is gone), then leave at once: no "Aborted!", no traceback, no exit-time noise from threads.
+    # parent is gone, or go on decoding for nobody), then the server that forks them, then leave at once: no
+    # "Aborted!", no traceback, no exit-time noise from threads.
     if "multiprocessing" in sys.modules:
         import multiprocessing
-        from multiprocessing import resource_tracker
+        from multiprocessing import forkserver, resource_tracker
 
         for child in multiprocessing.active_children():
             child.terminate()
+        server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
-        if tracker:  # it would warn of "leaked" semaphores that the system frees with this process anyway
-            with contextlib.suppress(OSError):
-                os.kill(tracker, signal.SIGKILL)
-    os._exit(EXIT_INTERRUPTED)
+        for pid, how in ((server, signal.SIGTERM), (tracker, signal.SIGKILL)):
+            if pid:  # the tracker would warn of "leaked" semaphores the system frees with this process anyway
+                with contextlib.suppress(OSError):
+                    os.kill(pid, how)
+    os._exit(128 + signum)
 
 
 def entry() -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, _interrupted)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
         from attntrace import workers
 
