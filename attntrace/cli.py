@@ -56,6 +56,18 @@ def _escaped(value: Any) -> Any:
     return value
 
 
+def _printable(value: Any) -> Any:
+    """A result for a terminal or a Markdown page: control characters in its strings (a file name can hold a
+    newline or an escape sequence) escaped, so that no value can start a line of its own."""
+    if isinstance(value, str):
+        return _shown(value)
+    if isinstance(value, dict):
+        return {k: _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    return value
+
+
 def _shown(text: str) -> str:
     """A path or message as one printable line: undecodable bytes and control characters escaped."""
     from attntrace.loading import display_path
@@ -184,7 +196,7 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
         doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
         _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:
-        _emit("\n\n".join(summary_table(s) for s in ok) + ("\n" if ok else ""), output, read)
+        _emit("\n\n".join(summary_table(_printable(s)) for s in ok) + ("\n" if ok else ""), output, read)
     sys.exit(EXIT_ERROR if errors else EXIT_OK)
 
 
@@ -400,7 +412,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     elif fmt == "markdown":
         from attntrace.formats import markdown
 
-        _emit(markdown.render(report), output, read)
+        _emit(markdown.render(_printable(report)), output, read)
     elif fmt == "html":
         _emit(result.to_html(), output, read)
     elif fmt == "parquet":
@@ -411,7 +423,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         from attntrace.formats.text import render
 
         colour = output in (None, "-") and sys.stdout.isatty()
-        _emit(render(report, colour), output, read)
+        _emit(render(_printable(report), colour), output, read)
     sys.exit(engine.exit_code(report, settings.fail_on))
 
 
@@ -493,5 +505,5 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     if fmt == "json":
         _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:
-        _emit(differ.render(result), output, read)
+        _emit(differ.render(_printable(result)), output, read)
     sys.exit(EXIT_ERROR if result["errors"] else EXIT_FINDINGS if result["regressions"] else EXIT_OK)

@@ -74,3 +74,14 @@ def test_a_full_device_is_one_line_and_exit_2(traces: tuple[Path, Path]) -> None
     done = _run("lint", "a.pt.trace.json.gz", "--output", "/dev/full", cwd=traces[0].parent)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "/dev/full" in done.stderr and Path("/dev/full").is_char_device()
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_control_characters_in_a_file_name_cannot_start_a_line(tmp_path: Path, fmt: str) -> None:
+    # A newline in a name would let it write its own line: "::error ..." in a workflow log is a command.
+    name = "x\n::error title=INJECTED::pwned\n\x1b[31m.pt.trace.json.gz"
+    shutil.copy(sample("bf16_causal_fwd/naive"), tmp_path / name)
+    done = _run("lint", ".", "--format", fmt, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert not any(line.startswith("::error") for line in done.stdout.splitlines())
+    assert "\x1b" not in done.stdout and "x\\n::error" in done.stdout
