@@ -414,6 +414,11 @@ def decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False) 
         if fixed:
             notes.append(f"{fixed} lone UTF-16 surrogate(s) in strings replaced with U+FFFD")
     raw = _decode(path, data, salvage, whole)
+    if raw.chunks is None and not raw.document.traceEvents:  # (events in pieces are counted as decoded)
+        if raw.dropped_events:
+            raise TraceError("not-a-trace", f"none of its {raw.dropped_events} items is a trace event (an object "
+                             "with a phase, \"ph\")")
+        raise TraceError("empty", "no trace events (an empty event list)")
     raw.notes[:0] = notes
     raw.rewritten = raw.rewritten or bool(notes)
     return raw
