@@ -118,10 +118,17 @@ def _error(line: str) -> None:
     click.echo(f"error: {_shown(line)}", err=True)
 
 
+def _one_line(self: click.UsageError, file: Any = None) -> None:
+    """A usage error as one line, like every other error (click prints the usage and a hint above it)."""
+    where = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+    click.echo(f"Error: {self.format_message()}{where}", err=True)
+
+
 class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         # click's own usage errors already exit 2; ClickException defaults to 1, which means "findings" here.
         click.ClickException.exit_code = EXIT_ERROR
+        click.UsageError.show = _one_line  # type: ignore[method-assign]
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -175,7 +182,7 @@ def _summarize_path(path: str, options: Any) -> dict[str, Any]:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
-@click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces read in parallel.")
 @read_options
 def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max_size: int | None,
@@ -349,7 +356,7 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
               help="Exit 1 when a finding is at or above this severity.  [default: warning]")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A TOML file of settings.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
-@click.option("--jobs", "-j", type=int, default=min(4, os.cpu_count() or 1), show_default=True,
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
 @click.option("--scheduler", callback=lambda ctx, param, value: _scheduler(value), metavar="tcp://HOST:PORT|local[:N]",
               help="Lint on a Dask cluster, one task per trace (pip install 'attntrace[dask]'): an existing "
@@ -479,7 +486,7 @@ def explain(rule: str) -> None:
 @main.command()
 @click.argument("base")
 @click.argument("new")
-@click.option("--fail-over", type=float, default=None, metavar="PCT",
+@click.option("--fail-over", type=click.FloatRange(min=0), default=None, metavar="PCT",
               help="Exit 1 when NEW's step time is more than PCT percent above BASE's, outside the step spread.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output", "-o", help="Write the comparison to this file instead of stdout.")
@@ -488,7 +495,11 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     from attntrace import diff as differ
     from attntrace.sources import is_url
 
+    if fail_over is not None and fail_over != fail_over:
+        raise click.BadParameter("must be a number, not nan", param_hint="--fail-over")
     for path in (base, new):
+        if path == "-":
+            raise click.ClickException("diff compares files or directories, not stdin ('-')")
         if is_url(path):
             continue
         try:

@@ -158,3 +158,11 @@ def test_a_size_parameter_takes_units() -> None:
     quiet = CliRunner().invoke(main, ["lint", NAIVE, "--select", "AT101", "--set", "AT101.min_bytes=1G"])
     loud = CliRunner().invoke(main, ["lint", NAIVE, "--select", "AT101", "--set", "AT101.min_bytes=1M"])
     assert (quiet.exit_code, loud.exit_code) == (0, 1)
+
+
+@pytest.mark.parametrize("args", [["lint", NAIVE, "--format", "nope"], ["lint", NAIVE, "-j", "0"],
+                                  ["summary", NAIVE, "--jobs", "abc"], ["diff", NAIVE, "-"],
+                                  ["diff", NAIVE, NAIVE, "--fail-over", "nan"], ["nosuch"], ["lint"]])
+def test_a_usage_error_is_one_line_and_exit_2(args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "attntrace", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("Error: "), done.stderr
