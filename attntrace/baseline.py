@@ -34,8 +34,9 @@ def load(path: str) -> dict[str, dict[str, Any]]:
         raise BaselineError(f"{path}: cannot read baseline ({exc.strerror or exc})") from exc
     except orjson.JSONDecodeError as exc:
         raise BaselineError(f"{path}: baseline is not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("attntrace_baseline") != VERSION or not isinstance(
-            data.get("findings"), list):
+    version = data.get("attntrace_baseline") if isinstance(data, dict) else None
+    # The integer itself: true and 1.0 equal 1 in Python, and are not a version this program wrote.
+    if type(version) is not int or version != VERSION or not isinstance(data.get("findings"), list):
         raise BaselineError(f"{path}: not an attntrace baseline (write one with --write-baseline)")
     known: dict[str, dict[str, Any]] = {}
     for number, entry in enumerate(data["findings"], 1):

@@ -294,6 +294,8 @@ BAD_BASELINES = {
                            "'fingerprint' must be a string"),
     "entry a string": ({"attntrace_baseline": 1, "findings": ["abc"]}, "must be an object"),
     "findings an object": ({"attntrace_baseline": 1, "findings": {}}, "not an attntrace baseline"),
+    "version true": ({"attntrace_baseline": True, "findings": []}, "not an attntrace baseline"),
+    "version 1.0": ({"attntrace_baseline": 1.0, "findings": []}, "not an attntrace baseline"),
 }
 
 
