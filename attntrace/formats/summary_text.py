@@ -41,12 +41,21 @@ def summary_table(s: dict[str, Any]) -> str:
         table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
     if s["top_kernels"]:
-        rows = [[_ms(k["us"]), f"{100 * k['share']:.1f}%", k["count"], k["class"], _short(k["name"])]
+        rows = [[_ms(k["us"]), f"{100 * k['share']:.1f}%", k["count"], k["class"], _occupancy(k), _short(k["name"])]
                 for k in s["top_kernels"]]
-        table = tabulate(rows, headers=["GPU ms", "share", "count", "class", "top kernels"], tablefmt="simple",
-                         disable_numparse=True)
+        table = tabulate(rows, headers=["GPU ms", "share", "count", "class", "occupancy", "top kernels"],
+                         tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def _occupancy(kernel: dict[str, Any]) -> str:
+    """"13% (trace)" or "50% (computed)": the value and where it came from (the JSON's occupancy_source)."""
+    pct = kernel.get("occupancy_pct")
+    if pct is None:
+        return "-"
+    source = str(kernel.get("occupancy_source") or "")
+    return f"{pct:.0f}% ({'computed' if source.startswith('computed') else 'trace'})"
 
 
 def _short(name: str, width: int = 90) -> str:
