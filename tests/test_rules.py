@@ -38,6 +38,15 @@ def test_at101_backward_also_clones():
     assert "MaskedFillBackward0" in chains[1]
 
 
+@pytest.mark.parametrize("name", ["bf16_gqa_fwd/naive_inplace", "bf16_gqa_fwd/sdpa_repeat_kv",
+                                  "bf16_decode_kvcache/naive"])
+def test_at101_repeated_kv_heads_get_the_gqa_fix(name):
+    # Hugging Face's repeat_kv (expand, then reshape to the query's heads) copies K and V every call.
+    (f,) = [f for f in found(name, "AT101") if f["where"]["op_chain"].startswith("aten::reshape")]
+    assert "enable_gqa=True" in f["fix"] and f["evidence"]["copies_per_step"] == 2
+    assert all("enable_gqa" not in g["fix"] for g in found("bf16_causal_fwd/naive", "AT101"))
+
+
 @pytest.mark.parametrize("name", ["bf16_causal_fwd/naive_inplace", "bf16_causal_fwd/sdpa_math",
                                   "bf16_causal_fwd/sdpa_flash"])
 def test_at101_silent(name):

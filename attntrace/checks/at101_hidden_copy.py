@@ -39,6 +39,11 @@ OWN_OUTPUT_OPS = {"aten::pad", "aten::constant_pad_nd", "aten::reflection_pad1d"
 COLLECTIVE = re.compile(r"nccl|rccl|c10d::|all_reduce|allreduce|all_gather|reduce_scatter|record_param_comms|"
                         r"broadcast_coalesced|_broadcast|alltoall|vllm::all_reduce")
 DDP = re.compile(r"copy_bucket_to_grad|DistributedDataParallel|[Rr]educer::|mark_variable_ready")
+GQA_FIX = ("This repeats the key/value heads for grouped-query attention (repeat_kv: a [batch, kv_heads, n_rep, "
+           "seq, head_dim] expand made contiguous): pass the un-repeated K and V to "
+           "`F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` (PyTorch >= 2.5) or to FlexAttention "
+           "(`enable_gqa=True`), which read each KV head once for its group of query heads.")
+REPEAT_OPS = {"aten::reshape", "aten::flatten", "aten::contiguous", "aten::repeat_interleave"}
 GENERIC_FIX = ("Find the op that copies (the op chain names it) and give it an input it can use as is: the "
                "in-place variant, a contiguous layout produced once outside the loop, or a fused op.")
 
@@ -83,6 +88,22 @@ def _unfused_attention_ops(ctx: Context) -> set[int]:
     return {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
 
 
+def _repeats_kv_heads(ctx: Context, op: int | None, asked_by: str) -> bool:
+    """Whether the copying op repeats KV heads: repeat_interleave, or a reshape of a 5-D [batch, kv_heads, n_rep,
+    seq, head_dim] tensor (Hugging Face's repeat_kv: expand, then reshape to [batch, heads, seq, head_dim])."""
+    if asked_by not in REPEAT_OPS:
+        return False
+    if asked_by == "aten::repeat_interleave":
+        return True
+    names = ctx.trace.op_names
+    asking = next((a for a in reversed(ctx.trace.op_ancestors(op)) if names[a] == asked_by), None)
+    if asking is None:
+        return False
+    dims = ctx.trace.op_input(asking)[0]
+    first = dims[0] if dims else None
+    return isinstance(first, list) and len(first) == 5 and isinstance(first[2], int) and first[2] > 1
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
     copies = ctx.gpu.filter(((pl.col("kind") == "memcpy") & pl.col("name").str.contains("DtoD"))
                             | (pl.col("cls") == "copy"))
@@ -114,8 +135,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                         names[-1])
         ddp = any(DDP.search(n) for n in names)
         compiled = asked_by.startswith("CompiledFunction")
-        fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else next((FIXES[n] for n in names if n in FIXES),
-                                                                            GENERIC_FIX)
+        fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else GQA_FIX if _repeats_kv_heads(
+            ctx, rows[0]["op"], asked_by) else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX)
         count = len(rows) / ctx.step_count
         # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the
         # largest beside it, and bytes per step from the copies whose size is known, scaled to all of them.
