@@ -1,7 +1,7 @@
 """`lint --annotate OUT`: a copy of the trace with the findings on its timeline, for Perfetto UI and
 chrome://tracing. The original bytes are kept as they are; the findings' events (an `attntrace` process,
 a track per rule, a slice per finding and step, flow arrows to the flagged events) are inserted at the
-start of the event list, and the file is compressed again when the input was gzip. The copy is streamed."""
+start of the event list, and the copy is gzip when its name ends in .gz. The copy is streamed."""
 
 from __future__ import annotations
 
@@ -164,11 +164,11 @@ def insert(chunks: Iterator[bytes], added: list[dict[str, Any]]) -> Iterator[byt
 
 
 def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]) -> None:
-    """Write `source` with the findings' events to `target`, gzip again when `source` was gzip."""
+    """Write `source` with the findings' events to `target`: gzip when the target's name ends in .gz (an
+    input's own name under a directory target), plain JSON otherwise, whatever the input was."""
     if trace.meta.incomplete:
         raise TraceError("truncated", "cannot annotate a cut-off trace (its event list has no end)")
-    with open(source, "rb") as fh:
-        compressed = fh.read(2) == b"\x1f\x8b"
+    compressed = target.endswith(".gz")
     added = events(trace, findings)
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     try:

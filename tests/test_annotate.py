@@ -61,6 +61,10 @@ def test_annotated_copy_keeps_every_original_byte_and_compression(tmp_path: Path
     again = tmp_path / "again.json.gz"
     invoke("lint", NAIVE, "--annotate", str(again), "--fail-on", "never")
     assert again.read_bytes() == out.read_bytes()
+    # A name without .gz gets plain JSON, whatever the input was.
+    plain = tmp_path / "naive.annotated.json"
+    invoke("lint", NAIVE, "--annotate", str(plain), "--fail-on", "never")
+    assert plain.read_bytes() == annotated
 
 
 def test_each_finding_has_a_track_and_slices_covering_its_flagged_events(tmp_path: Path):
