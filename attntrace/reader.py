@@ -8,6 +8,7 @@ coercing what can be coerced and counting what cannot, so one odd event does not
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import mmap
@@ -114,6 +115,9 @@ _OUTLINE = msgspec.json.Decoder(Outline)
 _ANY = msgspec.json.Decoder()
 
 
+_GLOB = re.compile(r"[*?\[]")
+
+
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
     or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
@@ -147,6 +151,11 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
             yield from problems
         elif exists:
             yield given, False
+        elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
+            matches = sorted(glob.glob(given, recursive=True))
+            if not matches:
+                yield TraceError("not-found", "no file matches this pattern", path=given)
+            yield from ((match, True) for match in matches if os.path.isfile(match))
         else:
             yield TraceError("not-found", "no such file or directory", path=given)
 

@@ -166,3 +166,12 @@ def test_a_size_parameter_takes_units() -> None:
 def test_a_usage_error_is_one_line_and_exit_2(args: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "attntrace", *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("Error: "), done.stderr
+
+
+def test_a_quoted_pattern_is_expanded_like_a_urls() -> None:
+    pattern = str(Path(NAIVE).parent / "sdpa*.pt.trace.json.gz")
+    result = CliRunner().invoke(main, ["lint", pattern, "--format", "json", "--fail-on", "never"])
+    paths = [t["path"] for t in orjson.loads(result.stdout)["traces"]]
+    assert result.exit_code == 0 and len(paths) == 5 and paths == sorted(paths)
+    nothing = CliRunner().invoke(main, ["lint", str(Path(NAIVE).parent / "nothing*.json")])
+    assert nothing.exit_code == 2 and "no file matches this pattern" in nothing.stderr
