@@ -75,7 +75,9 @@ def innermost_ops(calls: pl.DataFrame, ops: pl.DataFrame, parent: list[int | Non
         check_sortedness=False)
     ends = ops["end"].to_list()
     result: dict[int, int | None] = {}
-    for call, call_ts, op in cand.select("call", "call_ts", "idx").iter_rows():
+    # Columns as lists rather than iter_rows: a tuple per row cost more than the climb.
+    for call, call_ts, op in zip(cand["call"].to_list(), cand["call_ts"].to_list(), cand["idx"].to_list(),
+                                 strict=True):
         while op is not None and ends[op] < call_ts:
             op = parent[op]
         result[call] = op
