@@ -14,19 +14,18 @@ TRACE_COMMANDS = ("lint", "summary", "diff")
 def _interrupted(signum: int, frame: object) -> None:
     # Stop the workers first (they ignore SIGINT, and would otherwise print their own errors when their
     # parent is gone, or go on decoding for nobody), then the server that forks them, then leave at once: no
-    # "Aborted!", no traceback, no exit-time noise from threads.
+    # "Aborted!", no traceback, no exit-time noise from threads. The resource tracker stays: once this
+    # process is gone it unlinks the pool's semaphores (/dev/shm/sem.mp-*), quietly (workers.QUIET_TRACKER).
     if "multiprocessing" in sys.modules:
         import multiprocessing
-        from multiprocessing import forkserver, resource_tracker
+        from multiprocessing import forkserver
 
         for child in multiprocessing.active_children():
             child.terminate()
         server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-        tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
-        for pid, how in ((server, signal.SIGTERM), (tracker, signal.SIGKILL)):
-            if pid:  # the tracker would warn of "leaked" semaphores the system frees with this process anyway
-                with contextlib.suppress(OSError):
-                    os.kill(pid, how)
+        if server:
+            with contextlib.suppress(OSError):
+                os.kill(server, signal.SIGTERM)
     os._exit(128 + signum)
 
 
@@ -61,8 +60,9 @@ def _leave(done: SystemExit) -> None:
         raise done
     atexit._run_exitfuncs()
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # started with it closed
+                stream.flush()
     except (OSError, ValueError):
         raise done from None
     os._exit(code or 0)

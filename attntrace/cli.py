@@ -32,8 +32,16 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
     """The command's result to stdout, or to the file `output` (never one of `inputs`, the traces it read)."""
     data = text.encode("utf-8", "backslashreplace") if isinstance(text, str) else text
     if output in (None, "-"):
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            raise click.ClickException("stdout is closed: give --output FILE")
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # the reader went away (| head): answered as the Unix tools do
+                raise
+            _quiet_stdout()  # the flush at exit would fail the same way
+            raise click.ClickException(f"cannot write to stdout ({exc.strerror or exc})") from exc
         return
     from attntrace.output import write_bytes
 
@@ -54,6 +62,18 @@ def _escaped(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_escaped(v) for v in value]
     return value
+
+
+def _distinct_outputs(targets: dict[str, str | None]) -> None:
+    """Two outputs named at one file would leave only the last one written."""
+    seen: dict[str, str] = {}
+    for option, target in targets.items():
+        if target in (None, "-"):
+            continue
+        real = os.path.realpath(target)
+        if real in seen:
+            raise click.UsageError(f"{seen[real]} and {option} name the same file ({_shown(target)})")
+        seen[real] = option
 
 
 def _printable(value: Any) -> Any:
@@ -139,10 +159,12 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
-            if exc.errno != errno.EPIPE or not _stdout_closed():
-                raise
-            _quiet_stdout()
-            sys.exit(EXIT_BROKEN_PIPE)
+            _quiet_stdout()  # the flush at exit would fail again
+            if exc.errno == errno.EPIPE and _stdout_closed():
+                sys.exit(EXIT_BROKEN_PIPE)
+            # Output that cannot be written (a full disk, stdout on /dev/full): one line, not a traceback.
+            _error(f"{exc.filename or 'stdout'}: {exc.strerror or exc}")
+            sys.exit(EXIT_ERROR)
 
 
 def _stdout_closed() -> bool:
@@ -159,7 +181,7 @@ def _stdout_closed() -> bool:
 
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null so that the flush at exit does not raise again on the closed pipe."""
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # (no stdout at all: nothing to quiet)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
 
@@ -376,6 +398,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     from attntrace.progress import file_progress
 
     settings = _settings(select, ignore, sets, fail_on, config_path)
+    _distinct_outputs({"--output": output, "--write-baseline": write_baseline, "--annotate": annotate_to})
     try:
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
@@ -385,7 +408,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
         if importlib.util.find_spec("plotly") is None:
             raise click.ClickException(MISSING_EXTRA)
-    if fmt == "parquet" and output in (None, "-") and sys.stdout.isatty():
+    if fmt == "parquet" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty():
         raise click.UsageError("--format parquet writes binary: give --output FILE (or pipe it)")
     runner = distributed.runner(scheduler) if scheduler else None
     with file_progress(list(paths)) as progress:
@@ -403,7 +426,11 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     for trace in report["traces"]:
         if trace["error"]:
             _error(f"{trace['path']}: {trace['error']['message']}")
-    read = [*paths, *(t["path"] for t in report["traces"])]
+    from attntrace.config import find_pyproject
+
+    # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
+    read = [*paths, *(t["path"] for t in report["traces"]),
+            *(str(p) for p in (config_path, baseline_path, find_pyproject(Path.cwd())) if p)]
     if write_baseline:
         _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":
@@ -429,7 +456,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     else:
         from attntrace.formats.text import render
 
-        colour = output in (None, "-") and sys.stdout.isatty()
+        colour = output in (None, "-") and sys.stdout is not None and sys.stdout.isatty()
         _emit(render(_printable(report), colour), output, read)
     sys.exit(engine.exit_code(report, settings.fail_on))
 

@@ -56,6 +56,9 @@ def write_bytes(target: str, data: bytes, inputs: Iterable[str] = ()) -> None:
 
 def _same(path: str, real: str) -> bool:
     try:
+        if path == "-":  # stdin redirected from a file (-o /dev/stdin < trace.json)
+            held, there = os.fstat(0), os.stat(real)
+            return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
         return os.path.samefile(path, real)
-    except (OSError, ValueError):  # a URL, stdin, a path gone since
+    except (OSError, ValueError):  # a URL, a closed stdin, a path gone since
         return False

@@ -48,6 +48,41 @@ def test_an_input_is_never_written_over(traces: tuple[Path, Path], command: list
     assert [_digest(p) for p in traces] == before
 
 
+def test_what_else_the_run_read_is_never_written_over(traces: tuple[Path, Path]) -> None:
+    # The config, the baseline, pyproject.toml, and a trace given on stdin named again as /dev/stdin.
+    folder = traces[0].parent
+    (folder / "pyproject.toml").write_text('[tool.attntrace]\nselect = ["AT1"]\n')
+    (folder / "c.toml").write_text('[tool.attntrace]\nselect = ["AT1"]\n')
+    _run("lint", "a.pt.trace.json.gz", "--write-baseline", "bl.json", "--fail-on", "never", cwd=folder)
+    kept = {p: _digest(p) for p in folder.iterdir() if p.is_file()}
+    for command in (["--config", "c.toml", "--output", "c.toml"], ["--output", "pyproject.toml"],
+                    ["--baseline", "bl.json", "--output", "bl.json"]):
+        done = _run("lint", "a.pt.trace.json.gz", *command, cwd=folder)
+        assert done.returncode == 2 and "one of the inputs" in done.stderr, (command, done.stderr)
+    with traces[0].open("rb") as stdin:
+        done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "-", "--output", "/dev/stdin"],
+                              stdin=stdin, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "one of the inputs" in done.stderr
+    assert {p: _digest(p) for p in kept} == kept
+
+
+@pytest.mark.parametrize("second", ["--write-baseline", "--annotate"])
+def test_two_outputs_at_one_file_are_refused_before_the_run(traces: tuple[Path, Path], second: str) -> None:
+    done = _run("lint", "a.pt.trace.json.gz", "--output", "out", second, "out", cwd=traces[0].parent)
+    assert done.returncode == 2 and "name the same file" in done.stderr and done.stderr.count("\n") == 1
+    assert not (traces[0].parent / "out").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("command", [["lint", "a.pt.trace.json.gz"], ["lint", "a.pt.trace.json.gz", "--format", "json"],
+                                     ["summary", "a.pt.trace.json.gz"], ["rules"]])
+def test_stdout_that_cannot_be_written_is_one_line(traces: tuple[Path, Path], command: list[str]) -> None:
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "attntrace", *command], stdout=full, stderr=subprocess.PIPE,
+                              cwd=traces[0].parent, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "No space left" in done.stderr
+
+
 def test_a_symlink_is_written_through(traces: tuple[Path, Path]) -> None:
     folder = traces[0].parent
     (folder / "report.json").write_text("old")
