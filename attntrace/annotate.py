@@ -6,6 +6,7 @@ start of the event list, and the copy is gzip when its name ends in .gz. The cop
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -170,8 +171,8 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
         raise TraceError("truncated", "cannot annotate a cut-off trace (its event list has no end)")
     compressed = target.endswith(".gz")
     added = events(trace, findings)
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
     try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
         # No name and mtime=0 in the gzip header: the same input gives byte-identical output.
         with replacing(target, [source]) as raw, (
                 gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw
@@ -193,6 +194,8 @@ def targets_for(paths: list[str], out: str) -> dict[str, str]:
     if "-" in paths:
         raise ValueError("--annotate needs trace files or directories, not stdin")
     single_file = len(paths) == 1 and not Path(paths[0]).is_dir()
+    if not single_file and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--annotate {out} must be a directory for a directory or several traces")
     mapping: dict[str, str] = {}
     for given in paths:
         root = Path(given)

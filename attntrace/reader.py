@@ -153,9 +153,14 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
             yield given, False
         elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
             matches = sorted(glob.glob(given, recursive=True))
-            if not matches:
-                yield TraceError("not-found", "no file matches this pattern", path=given)
-            yield from ((match, True) for match in matches if os.path.isfile(match))
+            files = [m for m in matches if os.path.isfile(m)]
+            for folder in (m for m in matches if os.path.isdir(m)):  # a matched directory is searched as one
+                found, problems = _walk_traces(Path(folder))
+                files += found
+                yield from problems
+            if not files:
+                yield TraceError("not-found", "no trace file matches this pattern", path=given)
+            yield from ((match, True) for match in sorted(set(files)))
         else:
             yield TraceError("not-found", "no such file or directory", path=given)
 

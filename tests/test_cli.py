@@ -174,4 +174,4 @@ def test_a_quoted_pattern_is_expanded_like_a_urls() -> None:
     paths = [t["path"] for t in orjson.loads(result.stdout)["traces"]]
     assert result.exit_code == 0 and len(paths) == 5 and paths == sorted(paths)
     nothing = CliRunner().invoke(main, ["lint", str(Path(NAIVE).parent / "nothing*.json")])
-    assert nothing.exit_code == 2 and "no file matches this pattern" in nothing.stderr
+    assert nothing.exit_code == 2 and "no trace file matches this pattern" in nothing.stderr

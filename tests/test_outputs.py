@@ -120,3 +120,17 @@ def test_control_characters_in_a_file_name_cannot_start_a_line(tmp_path: Path, f
     assert done.returncode == 1, done.stderr
     assert not any(line.startswith("::error") for line in done.stdout.splitlines())
     assert "\x1b" not in done.stdout and "x\\n::error" in done.stdout
+
+
+def test_a_pipe_or_backtick_in_a_file_name_stays_inside_its_markdown_cell(tmp_path: Path) -> None:
+    shutil.copy(sample("bf16_causal_fwd/naive"), tmp_path / "md|pipe`tick<b>.pt.trace.json.gz")
+    done = _run("lint", ".", "--format", "markdown", cwd=tmp_path)
+    row = next(line for line in done.stdout.splitlines() if "pipe" in line and "NVIDIA" in line)
+    assert "``./md\\|pipe`tick<b>.pt.trace.json.gz``" in row
+    assert row.replace("\\|", "").count("|") == 9  # 8 cells
+
+
+def test_an_existing_file_is_no_directory_for_annotated_copies(traces: tuple[Path, Path]) -> None:
+    (traces[0].parent / "plainfile").write_text("x")
+    done = _run("lint", "a.pt.trace.json.gz", "b.pt.trace.json.gz", "--annotate", "plainfile", cwd=traces[0].parent)
+    assert done.returncode == 2 and "must be a directory" in done.stderr and done.stderr.count("\n") == 1

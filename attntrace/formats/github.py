@@ -13,7 +13,10 @@ def _data(text: str) -> str:
 
 
 def _prop(text: str) -> str:
-    return _data(text).replace(":", "%3A").replace(",", "%2C")
+    # Control characters other than CR/LF (which _data encodes) shown escaped: an ESC or a right-to-left mark
+    # in a file name must not reach the log as it is.
+    shown = "".join(c if c.isprintable() or c in "\r\n" else repr(c)[1:-1] for c in text)
+    return _data(shown).replace(":", "%3A").replace(",", "%2C")
 
 
 def render(report: dict[str, Any]) -> str:
