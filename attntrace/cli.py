@@ -159,8 +159,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
+            closed = exc.errno == errno.EPIPE and _stdout_closed()  # asked before stdout is pointed elsewhere
             _quiet_stdout()  # the flush at exit would fail again
-            if exc.errno == errno.EPIPE and _stdout_closed():
+            if closed:
                 sys.exit(EXIT_BROKEN_PIPE)
             # Output that cannot be written (a full disk, stdout on /dev/full): one line, not a traceback.
             _error(f"{exc.filename or 'stdout'}: {exc.strerror or exc}")
