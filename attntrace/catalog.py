@@ -65,10 +65,10 @@ class Rule:
             kind = "a size such as 512K or 1M" if spec.unit == "bytes" else (
                 "a whole number" if isinstance(default, int) else "a number")
             raise ValueError(f"{self.id}.{param}: {value!r} is not {kind}") from exc
-        low, high, bound = _limits(spec.unit)
-        if not (math.isfinite(number) and low <= number <= high and (number > 0 or bound != "above 0")):
+        allowed = _outside(spec.unit, number)
+        if allowed:
             what = "a ratio" if spec.unit == "x" else spec.unit
-            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {bound})")
+            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {allowed})")
         return type(default)(number)
 
 
@@ -100,14 +100,15 @@ def _whole(value: Any) -> int:
     return int(number)
 
 
-def _limits(unit: str) -> tuple[float, float, str]:
+def _outside(unit: str, number: float) -> str | None:
+    """What a parameter of this unit may be, when `number` is not that; None when it is."""
     if unit.startswith("fraction"):
-        return 0.0, 1.0, "0 to 1"
+        return None if 0 <= number <= 1 else "0 to 1"
     if unit == "percent":
-        return 0.0, 100.0, "0 to 100"
+        return None if 0 <= number <= 100 else "0 to 100"
     if unit == "x":
-        return 0.0, math.inf, "above 0"
-    return 0.0, math.inf, "0 or more"
+        return None if 0 < number < math.inf else "above 0"
+    return None if 0 <= number < math.inf else "0 or more"
 
 
 def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:

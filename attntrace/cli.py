@@ -9,7 +9,7 @@ import importlib.util
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -34,14 +34,8 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
     if output in (None, "-"):
         if sys.stdout is None:  # started with stdout closed (>&-)
             raise click.ClickException("stdout is closed: give --output FILE")
-        try:
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:  # the reader went away (| head): answered as the Unix tools do
-                raise
-            _quiet_stdout()  # the flush at exit would fail the same way
-            raise click.ClickException(f"cannot write to stdout ({exc.strerror or exc})") from exc
+        sys.stdout.buffer.write(data)  # a failed write is one line, in _Group.invoke
+        sys.stdout.buffer.flush()
         return
     from attntrace.output import write_bytes
 
@@ -51,17 +45,28 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
         raise click.ClickException(f"{_shown(output)}: cannot write output ({exc.strerror or exc})") from exc
 
 
+def _strings(value: Any, change: Callable[[str], str]) -> Any:
+    """A result with `change` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {_strings(k, change): _strings(v, change) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strings(v, change) for v in value]
+    return value
+
+
 def _escaped(value: Any) -> Any:
     """A result with undecodable file-name bytes in its strings escaped, so that every format can encode it."""
     from attntrace.loading import display_path
 
-    if isinstance(value, str):
-        return display_path(value)
-    if isinstance(value, dict):
-        return {_escaped(k): _escaped(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_escaped(v) for v in value]
-    return value
+    return _strings(value, display_path)
+
+
+def _printable(value: Any) -> Any:
+    """A result for a terminal or a Markdown page: control characters in its strings (a file name can hold a
+    newline or an escape sequence) escaped, so that no value can start a line of its own."""
+    return _strings(value, _shown)
 
 
 def _distinct_outputs(targets: dict[str, str | None]) -> None:
@@ -74,18 +79,6 @@ def _distinct_outputs(targets: dict[str, str | None]) -> None:
         if real in seen:
             raise click.UsageError(f"{seen[real]} and {option} name the same file ({_shown(target)})")
         seen[real] = option
-
-
-def _printable(value: Any) -> Any:
-    """A result for a terminal or a Markdown page: control characters in its strings (a file name can hold a
-    newline or an escape sequence) escaped, so that no value can start a line of its own."""
-    if isinstance(value, str):
-        return _shown(value)
-    if isinstance(value, dict):
-        return {k: _printable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_printable(v) for v in value]
-    return value
 
 
 def _shown(text: str) -> str:

@@ -96,7 +96,8 @@ def test_a_fifo_stays_a_fifo_and_gets_the_report(traces: tuple[Path, Path]) -> N
     fifo = traces[0].parent / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    # A daemon: if the FIFO were replaced by a file, the reader would wait on it forever, not hold up pytest.
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     done = _run("lint", "a.pt.trace.json.gz", "--format", "json", "--output", "pipe", cwd=fifo.parent)
     reader.join(timeout=60)

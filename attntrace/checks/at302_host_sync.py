@@ -37,7 +37,7 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
     # Without step markers, the wait for work that only starts after the window (set-up, the next phase of a
     # script) is not this workload's idle time.
     bounded = not ctx.trace.has_step_markers
-    idle: dict[int, float | None] = {}
+    idle: list[float | None] = [None] * syncs.height
     counted: set[tuple[Any, ...]] = set()
     for row, device, begin, end, w_end in joined.sort("t", "row").select(
             "row", "device", "prev", "next", "w_end").iter_rows():
@@ -45,7 +45,6 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
             idle[row] = 0.0
             continue
         if end is None or (bounded and w_end is not None and end > w_end):
-            idle[row] = None
             continue
         if w_end is not None:
             end = min(end, max(w_end, begin))
@@ -54,7 +53,7 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
         else:
             counted.add((device, begin))
             idle[row] = max(0.0, end - begin)
-    return [idle[row] for row in range(syncs.height)]
+    return idle
 
 
 def _cause(chain: str) -> str:
