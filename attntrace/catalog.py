@@ -20,6 +20,11 @@ RULE_ID = re.compile(r"^AT\d{3}$")
 RULE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
+# A warning promises a saving worth acting on (DESIGN.md, "A finding is a cause").
+MIN_SAVING_SHARE = "min_saving_share"
+DEFAULT_MIN_SAVING_SHARE = 0.02
+
+
 class RuleFileError(Exception):
     """A rule file that is missing, unparsable or incomplete; the message names the file."""
 
@@ -145,6 +150,10 @@ def parse_rule(path: Path) -> Rule:
         for key, kind in (("default", object), ("unit", str), ("description", str)):
             _require(spec, key, kind, f"{where}: parameter {pname!r}")
         params[pname] = Parameter(pname, spec["default"], spec["unit"], spec["description"])
+    params.setdefault(MIN_SAVING_SHARE, Parameter(
+        MIN_SAVING_SHARE, DEFAULT_MIN_SAVING_SHARE, "fraction of the step",
+        "A finding is a warning only when its fix would save at least this share of the step; a smaller one is "
+        "info (every rule has it; [tool.attntrace] min_saving_share sets it for all)."))
     docs = _require(data, "docs", dict, where)
     for key in DOC_FIELDS:
         if not str(_require(docs, key, str, f"{where}: [docs]")).strip():

@@ -32,6 +32,9 @@ class Settings:
     params: dict[str, dict[str, Any]]
     fail_on: str = "warning"
     severity: dict[str, str] = field(default_factory=dict)
+    # [tool.attntrace.profiler_cost]: the profiler's CPU cost per event measured on the user's machine
+    # (`attntrace run --calibrate-profiler`); empty: the defaults in attntrace/profiler_cost.toml.
+    profiler_cost: dict[str, Any] = field(default_factory=dict)
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -68,7 +71,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-KEYS = ("select", "ignore", "fail-on", "fail_on", "rules")
+KEYS = ("select", "ignore", "fail-on", "fail_on", "rules", "profiler_cost", "min_saving_share")
+PROFILER_COSTS = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
+                  "step_us", "graph_kernel_us")
 
 
 def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:
@@ -78,13 +83,26 @@ def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:
 
     for key, value in data.items():
         if key not in KEYS:
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known: select, ignore, fail-on, rules)")
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known: select, ignore, fail-on, rules, "
+                              "profiler_cost, min_saving_share)")
         if key in ("select", "ignore"):
             if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
                 raise wrong(key, "a list of rule ids, names or prefixes", value)
         elif key in ("fail-on", "fail_on"):
             if not isinstance(value, str) or value not in FAIL_ON:
                 raise wrong(key, f"one of {', '.join(FAIL_ON)}", value)
+        elif key == "profiler_cost":
+            if not isinstance(value, dict):
+                raise wrong(key, "a table of costs (cpu_op_us = 2.0, ...)", value)
+            for name, cost in value.items():
+                if name == "measured_on":
+                    if not isinstance(cost, dict):
+                        raise wrong(f"{key}.{name}", "a table", cost)
+                elif name not in PROFILER_COSTS:
+                    raise ConfigError(f"{source}: unknown key '{prefix}{key}.{name}' (known: "
+                                      f"{', '.join(PROFILER_COSTS)}, measured_on)")
+                elif isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < 1e6:
+                    raise wrong(f"{key}.{name}", "microseconds, a number from 0", cost)
         elif key == "rules":
             if not isinstance(value, dict):
                 raise wrong(key, "a table of rules ([tool.attntrace.rules.AT101])", value)
@@ -134,6 +152,9 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
         enabled = {rid for token in chosen for rid in selected(token, rules)}
         enabled -= {rid for token in dropped for rid in selected(token, rules)}
         params = {rid: {p.name: p.default for p in r.parameters.values()} for rid, r in rules.items()}
+        if "min_saving_share" in file_config:  # one threshold for every rule; a rule's own table overrides it
+            for rid, rule in rules.items():
+                params[rid]["min_saving_share"] = rule.coerce("min_saving_share", file_config["min_saving_share"])
         for rid, overrides in (file_config.get("rules") or {}).items():
             if not isinstance(overrides, dict):
                 raise ValueError(f"rules.{rid} must be a table of parameters, not {_kind(overrides)}")
@@ -160,7 +181,7 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
     level = fail_on or file_config.get("fail-on") or file_config.get("fail_on") or "warning"
     if level not in FAIL_ON:
         raise ConfigError(f"{source}: fail-on must be one of {', '.join(FAIL_ON)}, not {level!r}")
-    return Settings(tuple(sorted(enabled)), params, level, severity)
+    return Settings(tuple(sorted(enabled)), params, level, severity, dict(file_config.get("profiler_cost") or {}))
 
 
 def _one(rid: str, rules: dict[str, Rule]) -> str:

@@ -15,6 +15,7 @@ from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
 from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model import Trace
+from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
 from attntrace.reader import ReadOptions
 from attntrace.summary import summarize
@@ -54,6 +55,8 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
 def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     rules = load_rules()
     settings = settings or default_settings(rules)
+    if settings.profiler_cost:
+        trace.shared["profiler_costs"] = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
     summary = summarize(trace)
     info = {"path": trace.path, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,

@@ -102,8 +102,31 @@ def _busy(frame: pl.DataFrame) -> float:
     return float(busy_us(frame, [])["busy_us"].max() or 0.0) if frame.height else 0.0  # type: ignore[arg-type]
 
 
+def profiler_cost(trace: Trace) -> dict[str, Any]:
+    """How the trace was recorded and what recording cost: the profiler's settings, its estimated CPU time per
+    step, and the step as recorded and as replayed without it (medians over steady steps, busiest device)."""
+    result = trace.replay
+    costs = trace.shared.get("profiler_costs")
+    out: dict[str, Any] = {
+        "settings": result.settings,
+        "events_per_step": {k: _r(v) for k, v in result.events_per_step.items()},
+        "costs_from": "config" if costs is not None else "defaults (attntrace/profiler_cost.toml)",
+        "cpu_us_per_step": None, "recorded_step_us": None, "est_step_us": None, "gpu_busy_us": None,
+        "est_idle_us": None, "reason": result.reason,
+    }
+    per_device = result.per_device()
+    if per_device.height:
+        busiest = per_device.sort(["gpu_busy_us", "device"], descending=[True, False]).row(0, named=True)
+        out.update({"device": busiest["device"], "cpu_us_per_step": _r(busiest["profiler_cpu_us"]),
+                    "recorded_step_us": _r(busiest["recorded_us"]), "est_step_us": _r(busiest["est_step_us"]),
+                    "gpu_busy_us": _r(busiest["gpu_busy_us"]), "est_idle_us": _r(busiest["est_idle_us"])})
+    return out
+
+
 def summarize(trace: Trace) -> dict[str, Any]:
     steps = trace.step_table.drop("step_us")
+    replayed = trace.replay.table.select("step", "device", "est_step_us", "profiler_cpu_us")
+    steps = steps.join(replayed, on=["step", "device"], how="left", nulls_equal=True)
     split = gemm_split(trace)
     gemm_total = sum(split.values())
     known = gemm_total - split["unknown"]
@@ -134,6 +157,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
                      for row in steps.iter_rows(named=True)],
         "notes": [*trace.meta.notes, *info.notes],
         "incomplete": trace.meta.incomplete,
+        "profiler": profiler_cost(trace),
     }
 
 

@@ -6,15 +6,11 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import Context, fmt_us
+from attntrace.checks.base import IDLE_REMOVED, Context, fmt_us
 from attntrace.model.intervals import merged_runs
+from attntrace.model.replay import BLOCKING_CALLS
 
-# Calls that block the host until the device is done: synchronize calls and synchronous copies.
-BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
-            "hipStreamSynchronize", "hipEventSynchronize", "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyFromSymbol",
-            "cudaMemcpyToSymbol", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyHtoD", "cuMemcpyHtoD_v2",
-            "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "hipMemcpy", "hipMemcpyWithStream",
-            "hipMemcpyDtoH", "hipMemcpyHtoD", "hipCtxSynchronize")
+BLOCKING = sorted(BLOCKING_CALLS)
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
@@ -74,7 +70,16 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                                                  & pl.col("name").is_in(list(BLOCKING)))
     if not syncs.height:
         return []
-    syncs = syncs.with_columns(pl.Series("idle_us", _idle_after(ctx, syncs), dtype=pl.Float64))
+    recorded_idle = _idle_after(ctx, syncs)
+    replayed = ctx.trace.replay
+    # The GPU's wait after each sync as the program runs without the profiler (the replay), where it can say.
+    by_replay = replayed.idle_after_sync if not replayed.reason else {}
+    idle = [by_replay.get(idx, rec) if rec is not None else None
+            for idx, rec in zip(syncs["idx"].to_list(), recorded_idle, strict=True)]
+    syncs = syncs.with_columns(pl.Series("idle_us", idle, dtype=pl.Float64),
+                               pl.Series("recorded_idle_us", recorded_idle, dtype=pl.Float64))
+    steady = replayed.per_device()
+    est_step = {d: s for d, s in steady.select("device", "est_step_us").iter_rows()}
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in syncs.iter_rows(named=True):
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no op: a direct runtime call)"
@@ -83,28 +88,34 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     for chain, rows in sorted(groups.items()):
         per_step = len(rows) / ctx.step_count
         idle_per_step = sum(r["idle_us"] or 0.0 for r in rows) / ctx.step_count
+        recorded_per_step = sum(r["recorded_idle_us"] or 0.0 for r in rows) / ctx.step_count
         if idle_per_step < ctx.params["min_idle_us"]:
             continue
-        share = idle_per_step / ctx.step_us if ctx.step_us else 0.0
-        # The cost decides the severity: a sync that idles the GPU for a sliver of the step is worth knowing,
-        # not worth failing a build for.
-        severity = None if share >= ctx.params["min_share_warning"] else "info"
+        step_us = est_step.get(rows[0]["device"]) or ctx.step_us
+        share = idle_per_step / step_us if step_us else 0.0
         apis = sorted({r["name"] for r in rows})
         cause = _cause(chain)
+        where_step = "step" if ctx.trace.has_step_markers else "trace"
+        measured = (f"~{fmt_us(idle_per_step)} per {where_step} without the profiler ({100 * share:.1f}% of it, "
+                    f"estimated; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
+                    f"{fmt_us(idle_per_step)} per {where_step} ({100 * share:.1f}% of it)")
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=chain,
-            severity=severity,
             device=rows[0]["device"],
             message=(f"{ctx.per_step(len(rows), 'host sync')} from {cause}, via {chain} ({', '.join(apis)}); the "
-                     f"GPU then idles {fmt_us(idle_per_step)} per {'step' if ctx.trace.has_step_markers else 'trace'}"
-                     f" ({100 * share:.1f}% of it) waiting for the next launch"),
+                     f"GPU then idles {measured} waiting for the next launch"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({r["step"] for r in rows})},
             evidence={"syncs_per_step": per_step, "apis": apis, "cpu_wait_us_per_step":
                       sum(r["dur"] for r in rows) / ctx.step_count, "gpu_idle_us_after_each":
                       [r["idle_us"] for r in sorted(rows, key=lambda r: r["ts"])],
-                      "gpu_idle_us_per_step": idle_per_step},
+                      "gpu_idle_us_per_step": idle_per_step, "recorded_gpu_idle_us_per_step": recorded_per_step,
+                      "without_profiler": bool(by_replay)},
             gpu_us_per_step=idle_per_step,
+            saving=IDLE_REMOVED,
+            assumption=("the GPU's wait after the sync, replayed without the profiler's cost; removing the sync "
+                        "lets the CPU queue work ahead") if by_replay else None,
+            step_us=step_us,
             fix=ctx.rule.docs["fix"],
         ))
     return findings

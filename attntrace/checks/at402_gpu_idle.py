@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import Context, Skip, fmt_us
+from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
 from attntrace.model.intervals import merged_runs
 
 TOP_GAPS = 3
@@ -87,48 +87,89 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                    "between the phases of a whole trace are not a step's idle time")
     if not ctx.gpu.height:
         return []
+    replayed = ctx.trace.replay
+    if replayed.reason:
+        raise Skip(f"the step cannot be estimated without the profiler's own cost ({replayed.reason})")
     per_window, gaps = _idle(ctx, _windows(ctx))
-    bad = per_window.filter((pl.col("span") > 0) & (pl.col("idle") >= ctx.params["min_idle_share"] * pl.col("span"))
-                            & (pl.col("idle") >= ctx.params["min_idle_us"]))
-    if not bad.height or bad.height * 2 < per_window.height:
-        return []
     findings = []
-    for device in sorted(bad["device"].unique().to_list(), key=lambda d: (d is None, d)):
-        mine = bad.filter(pl.col("device") == device) if device is not None else bad.filter(pl.col("device").is_null())
-        findings.append(_finding(ctx, device, mine, per_window, gaps))
+    for device in sorted(replayed.table["device"].unique().to_list()):
+        steps = replayed.steady.filter(pl.col("device") == device)
+        recorded = per_window.filter((pl.col("device") == device)
+                                     & pl.col("step").is_in(steps["step"].to_list()))
+        # Medians of the steady steps: the condition holds in most of them, so two captures of one program agree.
+        est_idle, est_step = float(steps["est_idle_us"].median()), float(steps["est_step_us"].median())
+        rec_idle = float(recorded["idle"].median()) if recorded.height else 0.0
+        rec_span = float(recorded["span"].median()) if recorded.height else 0.0
+        if _idle_enough(ctx, est_idle, est_step):
+            findings.append(_finding(ctx, device, steps, recorded, gaps, profiler_only=False))
+        elif _idle_enough(ctx, rec_idle, rec_span) and est_idle < ctx.params["min_idle_share"] * est_step:
+            findings.append(_finding(ctx, device, steps, recorded, gaps, profiler_only=True))
     return findings
 
 
-def _finding(ctx: Context, device: int | None, bad: pl.DataFrame, per_window: pl.DataFrame,
-             gaps: pl.DataFrame) -> dict[str, Any]:
-    idle_per_step = float(bad["idle"].mean())
-    span_per_step = float(bad["span"].mean())
-    top = (gaps.join(bad.select(KEYS), on=KEYS)
+def _idle_enough(ctx: Context, idle_us: float, step_us: float) -> bool:
+    return step_us > 0 and idle_us >= ctx.params["min_idle_share"] * step_us and idle_us >= ctx.params["min_idle_us"]
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    on = [name for name in ("record_shapes", "with_stack", "profile_memory") if settings.get(name)]
+    return " and ".join(on) if on else "recording"
+
+
+def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFrame, gaps: pl.DataFrame,
+             profiler_only: bool) -> dict[str, Any]:
+    est_step = float(steps["est_step_us"].median())
+    est_idle = float(steps["est_idle_us"].median())
+    profiler_us = float(steps["profiler_cpu_us"].median())
+    rec_idle = float(recorded["idle"].median()) if recorded.height else 0.0
+    rec_span = float(recorded["span"].median()) if recorded.height else 0.0
+    top = (gaps.filter(pl.col("device") == device)
            .sort(["us", "start", *KEYS], descending=[True, False, False, False]).head(TOP_GAPS))
     largest = []
     for s, e, us in top.select("start", "end", "us").iter_rows():
         ops = _cpu_ops_during(ctx, s, e)
         collective = next((op for op in ops if BLOCKING_COLLECTIVE.search(op)), None)
         largest.append({"idle_us": us, "cpu_ops": ops, "blocking_collective": collective})
-    share = idle_per_step / span_per_step
     first = largest[0] if largest else {"idle_us": 0.0, "cpu_ops": [], "blocking_collective": None}
     if first["blocking_collective"]:
         waits = f"waits in a blocking collective ({first['blocking_collective']}): another rank is late"
     else:
         waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
-    steps_of_device = per_window.filter(pl.col("device") == device).height if device is not None else per_window.height
-    # The step the other rules' impacts are shares of (Context.step_us) is not this rule's window, which runs on
-    # to the end of the step's GPU work: the saving is the idle share of it, in the steps that have the idle.
-    saving = share * ctx.step_us * bad.height / max(steps_of_device, 1)
+    settings = ctx.trace.replay.settings
+    est_share = est_idle / est_step if est_step else 0.0
+    rec_share = rec_idle / rec_span if rec_span else 0.0
+    cost = (f"{_settings_text(settings)} cost ~{fmt_ms(profiler_us)} of CPU per step "
+            f"({ctx.trace.replay.events_per_step.get('cpu_ops', 0):.0f} ops, "
+            f"{ctx.trace.replay.events_per_step.get('runtime_calls', 0):.0f} runtime calls per step recorded)")
+    if profiler_only:
+        message = (f"the GPU looks idle {100 * rec_share:.0f}% of the step as recorded ({fmt_ms(rec_idle)} of "
+                   f"{fmt_ms(rec_span)}), but only ~{100 * est_share:.0f}% without the profiler (estimated: "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}): {cost}. The recorded idle is mostly the "
+                   "profiler's own cost, not the program's")
+        fix = ("Nothing to fix in the program for this: time it without the profiler to confirm, or record with "
+               "fewer settings (record_shapes and with_stack cost the most); lint with your machine's costs "
+               "(`attntrace run --calibrate-profiler`).")
+    else:
+        message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler (estimated: "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
+                   f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; the largest recorded gap "
+                   f"({fmt_ms(first['idle_us'])}) {waits}")
+        fix = COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"]
     return ctx.finding(
         key=f"gpu-idle|{device}",
         device=device,
-        message=(f"the GPU is idle {100 * share:.0f}% of each step ({fmt_us(idle_per_step)} of "
-                 f"{fmt_us(span_per_step)}) in {bad.height} of {steps_of_device} steps; the largest gap "
-                 f"({fmt_us(first['idle_us'])}) {waits}"),
-        where={"op_chain": None, "kernel": None, "steps": sorted({int(s) for s in bad["step"].to_list()})},
-        evidence={"idle_us_per_step": idle_per_step, "window_us_per_step": span_per_step, "idle_share": share,
-                  "gaps_per_step": float(bad["gaps"].mean()), "largest_gaps": largest},
-        gpu_us_per_step=saving,
-        fix=COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"],
+        severity="info" if profiler_only else None,
+        message=message,
+        where={"op_chain": None, "kernel": None, "steps": sorted(int(s) for s in steps["step"].to_list())},
+        evidence={"est_idle_us_per_step": est_idle, "est_step_us": est_step, "est_idle_share": est_share,
+                  "recorded_idle_us_per_step": rec_idle, "recorded_window_us_per_step": rec_span,
+                  "recorded_idle_share": rec_share, "profiler_cpu_us_per_step": profiler_us,
+                  "profiler_settings": settings, "largest_recorded_gaps": largest,
+                  "profiler_only": profiler_only},
+        gpu_us_per_step=0.0 if profiler_only else est_idle,
+        saving=IDLE_REMOVED,
+        assumption=("estimated without the profiler's cost (attntrace/profiler_cost.toml); the idle goes if the "
+                    "CPU keeps the GPU fed"),
+        step_us=est_step,
+        fix=fix,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -11,12 +12,24 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.catalog import Rule
+from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule
 from attntrace.model import Trace
 
 ITEM_SIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "int": 4, "long int": 8,
              "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1,
              "c10::Float8_e5m2": 1, "c10::complex<float>": 8}
+
+
+# What an impact saves: GPU time (kernels that no longer run or run faster), idle removed (the step gets shorter
+# because the GPU waits less), CPU time (the host does less; the step shrinks only where the CPU bounds it).
+GPU_TIME, IDLE_REMOVED, CPU_TIME = "gpu time", "idle removed", "cpu time"
+
+
+def significant(value: float, digits: int = 2) -> float:
+    """`value` to `digits` significant figures: an estimate that rests on an assumed speed-up is no finer."""
+    if not value or not math.isfinite(value):
+        return 0.0
+    return round(value, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
 
 
 class Skip(Exception):
@@ -103,9 +116,16 @@ class Context:
 
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
-                device: int | None = None) -> dict[str, Any]:
+                device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
+                step_us: float | None = None) -> dict[str, Any]:
         """A finding. The fingerprint hashes the rule, the trace's file name and a key made of names only
-        (op chain, kernel), never timings, so it survives re-captures of the same program."""
+        (op chain, kernel), never timings, so it survives re-captures of the same program.
+
+        Its impact says what the fix saves per step (`saving`: GPU time, idle removed or CPU time) over which
+        step (`step_us`, default the recorded step; rules about CPU-side time pass the step replayed without the
+        profiler), and the assumption it rests on, if any; an estimate that rests on one is rounded to two
+        significant figures. Without an explicit severity, it is the rule's when the saving reaches the rule's
+        min_saving_share of the step, else info: a warning promises a saving worth acting on."""
         digest = hashlib.sha256(f"{self.rule.id}|{trace_label(self.trace.path)}|{key}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
@@ -114,16 +134,23 @@ class Context:
             device = self.trace.devices[0]
         where = {**where, "device": device, "device_name": None if device is None else self.trace.device_name(device),
                  "rank": self.trace.meta.rank}
+        denominator = self.step_us if step_us is None else step_us
+        share = gpu_us_per_step / denominator if denominator else 0.0
+        if severity is None:
+            worth = share >= self.params.get(MIN_SAVING_SHARE, DEFAULT_MIN_SAVING_SHARE)
+            severity = self.severity if worth else "info"
+        saved = significant(gpu_us_per_step) if assumption else round(gpu_us_per_step, 3)
+        impact: dict[str, Any] = {"gpu_us_per_step": saved, "share_of_step": round(share, 4), "saving": saving,
+                                  "step_us": round(denominator, 3), "assumption": assumption}
         return {
             "rule": self.rule.id,
             "name": self.rule.name,
-            "severity": severity or self.severity,
+            "severity": severity,
             "trace": self.trace.path,
             "message": message,
             "where": _round(where),
             "evidence": _round(evidence),
-            "impact": {"gpu_us_per_step": round(gpu_us_per_step, 3),
-                       "share_of_step": round(gpu_us_per_step / self.step_us, 4) if self.step_us else 0.0},
+            "impact": impact,
             "fix": fix,
             "fingerprint": digest,
         }
@@ -163,3 +190,12 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_us(us: float) -> str:
     return f"{us / 1e3:.3f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def fmt_ms(us: float) -> str:
+    """A span of time at the precision a step-level estimate has: "23.6 ms", "870 us"."""
+    if us >= 10_000:
+        return f"{us / 1e3:.0f} ms"
+    if us >= 1000:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us:.0f} us"

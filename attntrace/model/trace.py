@@ -14,6 +14,7 @@ from attntrace import taxonomy
 from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
+from attntrace.model.replay import ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.reader import decode_raw
 
@@ -165,6 +166,13 @@ class Trace:
         return (own.join(first, on="step", how="left")
                 .select("step", "device", pl.coalesce("cpu_us", "any_us").alias("cpu_us"),
                         pl.coalesce("capture", "any_capture").alias("capture")))
+
+    @cached_property
+    def replay(self) -> Replay:
+        """The steady steps replayed without the profiler's own CPU cost (model/replay.py), with the per-event
+        costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults."""
+        costs = self.shared.get("profiler_costs")
+        return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
 
     @property
     def steady_steps(self) -> list[int]:

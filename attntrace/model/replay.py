@@ -1,0 +1,347 @@
+"""The steps replayed without the profiler's own CPU cost: what the program's step time and GPU idle would be
+when nobody records it.
+
+The profiler spends CPU time on every event it records (an op, a runtime call, a Python function under
+`with_stack`). On a small-op step that can double the step and make a busy GPU look idle. The replay takes the
+recorded timeline of the process that drives each device and:
+- shrinks the CPU timeline by the estimated profiler time spent before each moment (all threads of the process
+  as one timeline: PyTorch's autograd thread and the main thread hand work to each other, rarely overlap);
+- moves each launch earlier by that much, and starts its GPU work at the later of the launch plus the
+  launch-to-start latency the trace showed on an idle stream, the end of the work before it on its stream, and
+  the end of the work on another stream it was seen to wait for;
+- keeps kernel and copy durations, and the CPU waiting at synchronisations: a sync returns once the GPU work it
+  waited for has finished in the replay.
+The costs per event come from attntrace/profiler_cost.toml (measured on an H200 host), or from the user's own
+(`attntrace run --calibrate-profiler`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import polars as pl
+
+from attntrace.model.intervals import busy_us
+
+# Calls that block the host until the device is done: synchronize calls and synchronous copies.
+BLOCKING_CALLS = frozenset((
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
+    "hipStreamSynchronize", "hipEventSynchronize", "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyFromSymbol",
+    "cudaMemcpyToSymbol", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyHtoD", "cuMemcpyHtoD_v2",
+    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "hipMemcpy", "hipMemcpyWithStream",
+    "hipMemcpyDtoH", "hipMemcpyHtoD", "hipCtxSynchronize"))
+# An async copy call that lasts this long and ends as its own copy ends waited for it (pageable memory).
+BLOCKING_COPY_MIN_US = 20.0
+# Two GPU events this close are back to back: the second waited for the first.
+TOUCH_US = 3.0
+# A sync call that found the GPU done still costs the CPU this much (measured without the profiler).
+SYNC_FLOOR_US = 4.0
+STEADY_RATIO = 1.5
+SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
+
+
+@dataclass(frozen=True)
+class ProfilerCosts:
+    """CPU microseconds the profiler spends per recorded event, by setting, and where they were measured."""
+    cpu_op_us: float
+    cpu_op_shapes_us: float
+    cpu_op_stack_us: float
+    python_function_us: float
+    runtime_call_us: float
+    step_us: float
+    graph_kernel_us: float
+    measured_on: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls) -> ProfilerCosts:
+        data = tomllib.loads(resources.files("attntrace").joinpath("profiler_cost.toml").read_text())
+        return cls.from_table(data["profiler_cost"])
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any], base: ProfilerCosts | None = None) -> ProfilerCosts:
+        """Costs from a TOML table; names it lacks keep `base`'s values."""
+        fields = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
+                  "step_us", "graph_kernel_us")
+        values = {name: float(table[name]) if name in table else getattr(base, name, 0.0) for name in fields}
+        measured = table.get("measured_on", base.measured_on if base else {})
+        return cls(**values, measured_on=dict(measured))
+
+    def op_cost(self, settings: dict[str, bool]) -> float:
+        cost = self.cpu_op_us
+        if settings.get("record_shapes"):
+            cost += self.cpu_op_shapes_us
+        if settings.get("with_stack"):
+            cost += self.cpu_op_stack_us
+        return cost
+
+
+def settings_of(flags: dict[str, bool], has_shapes: bool, python_events: int) -> dict[str, Any]:
+    """The profiler's settings: the trace header's flags where it has them (Kineto writes them since 2023),
+    otherwise what the events show (input shapes recorded, python_function events); `source` says which."""
+    if any(flags.get(name) for name in SETTINGS):
+        return {**{name: bool(flags.get(name)) for name in SETTINGS}, "source": "header"}
+    return {"record_shapes": has_shapes, "with_stack": python_events > 0, "profile_memory": None,
+            "with_modules": None, "with_flops": None, "source": "events"}
+
+
+@dataclass
+class Replay:
+    """Per (step, device): the step as recorded and as estimated without the profiler."""
+    table: pl.DataFrame  # step, device, recorded_us, est_step_us, gpu_busy_us, est_idle_us, profiler_cpu_us
+    settings: dict[str, Any]
+    events_per_step: dict[str, float]
+    reason: str | None = None  # why no replay could be made (no CPU events, a CPU-only trace, ...)
+    idle_after_sync: dict[int, float] = field(default_factory=dict)  # launches-table idx -> replayed GPU idle
+
+    @property
+    def steady(self) -> pl.DataFrame:
+        """The steps that ran at the device's steady pace: at most STEADY_RATIO times the shortest recorded step.
+        The profiler's first active steps run slow (seen on an H200, one SDPA call per step: 6.7, 1.6, 0.8, 0.3,
+        0.14 ms), and a verdict must not flip between two captures of one program because of them."""
+        shortest = pl.col("recorded_us").min().over("device")
+        return self.table.filter(pl.col("recorded_us") <= STEADY_RATIO * shortest)
+
+    def per_device(self) -> pl.DataFrame:
+        """Medians over the steady steps, per device (a step's numbers are the median steady step's, not a mean
+        over 3 to 5 samples that a one-off stall can move)."""
+        return self.steady.group_by("device").agg(
+            pl.len().alias("steps"), pl.col("recorded_us", "est_step_us", "gpu_busy_us", "est_idle_us",
+                                               "profiler_cpu_us").median()).sort("device")
+
+
+def _is_blocking(name: str, dur: float, own_copy_end: float | None, end: float) -> bool:
+    if name in BLOCKING_CALLS:
+        return True
+    # cudaMemcpyAsync to or from pageable memory returns only when the copy is done.
+    return (own_copy_end is not None and dur >= BLOCKING_COPY_MIN_US and "Memcpy" in name
+            and abs(end - own_copy_end) <= 2 * TOUCH_US + 0.05 * dur)
+
+
+class _CpuClock:
+    """Maps a recorded CPU time of one process to the replayed one: minus the profiler cost of the events that
+    began before it, minus the waiting that syncs no longer do."""
+
+    def __init__(self, starts: list[float], costs: list[float]) -> None:
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        self.starts = [starts[i] for i in order]
+        self.cumulative: list[float] = []
+        total = 0.0
+        for i in order:
+            total += costs[i]
+            self.cumulative.append(total)
+        self.saved = 0.0  # waiting removed at syncs so far (negative when a sync now waits longer)
+
+    def overhead_before(self, t: float) -> float:
+        i = bisect.bisect_right(self.starts, t)
+        return self.cumulative[i - 1] if i else 0.0
+
+    def at(self, t: float) -> float:
+        return t - self.overhead_before(t) - self.saved
+
+
+def replay(trace: Any, costs: ProfilerCosts) -> Replay:
+    """Replay the steady steps of every device without the profiler's cost (trace: model.Trace)."""
+    settings = settings_of(trace.meta.flags, trace.has_shapes, trace.python.height)
+    steps = trace.steps.filter(~pl.col("capture"))
+    empty = pl.DataFrame(schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
+                                 "est_step_us": pl.Float64, "gpu_busy_us": pl.Float64, "est_idle_us": pl.Float64,
+                                 "profiler_cpu_us": pl.Float64})
+    if not trace.has_gpu:
+        return Replay(empty, settings, {}, "a CPU-only trace: no GPU to be idle")
+    if not trace.has_step_markers or not steps.height:
+        return Replay(empty, settings, {}, "no steps to replay")
+    if not trace.ops.height and not trace.launches.height:
+        return Replay(empty, settings, {}, "no CPU events: the profiler's CPU cost cannot be estimated")
+    frames, counts, idle_after_sync = [], [], {}
+    for device, pid in sorted(trace.device_process.items()):
+        mine = steps.filter(pl.col("pid").cast(pl.String) == pid)
+        if not mine.height or not pid.lstrip("-").isdigit():
+            continue
+        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("step"), settings, costs)
+        frames.append(frame)
+        counts.append(per_step)
+        idle_after_sync.update(idle)
+    if not frames:
+        return Replay(empty, settings, {}, "no step of the process that drives the GPU")
+    events = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
+    return Replay(pl.concat(frames).sort("step", "device"), settings, events, idle_after_sync=idle_after_sync)
+
+
+def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
+                   costs: ProfilerCosts) -> tuple[pl.DataFrame, dict[str, float], dict[int, float]]:
+    begin, finish = float(steps["ts"].min()), float(steps["end"].max())
+    inside = (pl.col("pid") == pid) & (pl.col("ts") >= begin) & (pl.col("ts") < finish)
+    ops = trace.ops.filter(inside & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    launches = trace.launches.filter(inside)
+    python = trace.python.filter(inside)
+    op_cost = costs.op_cost(settings)
+    starts = ops["ts"].to_list() + launches["ts"].to_list() + python["ts"].to_list()
+    weights = ([op_cost] * ops.height + [costs.runtime_call_us] * launches.height
+               + [costs.python_function_us] * python.height)
+    step_starts = steps["ts"].to_list()
+    starts += step_starts[1:]
+    weights += [costs.step_us] * (len(step_starts) - 1)
+
+    gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin))
+           .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind"))
+    launch_rows = {idx: (ts, end, name) for idx, ts, end, name in
+                   launches.select("idx", "ts", "end", "name").iter_rows()}
+    # A graph launch records every kernel of the graph: the call takes the profiler's cost for each of them.
+    per_launch = gpu.filter(pl.col("launch").is_not_null()).group_by("launch").len()
+    for launch, kernels in per_launch.filter(pl.col("len") > 1).iter_rows():
+        if launch in launch_rows:
+            starts.append(launch_rows[launch][0])
+            weights.append(costs.graph_kernel_us * (kernels - 1))
+    clock = _CpuClock(starts, weights)
+    single = set(per_launch.filter(pl.col("len") == 1)["launch"].to_list())
+    latency = _idle_launch_latency(gpu, {k: v for k, v in launch_rows.items() if k in single},
+                                   costs.runtime_call_us)
+    copy_end = {launch: end for launch, end, kind in gpu.select("launch", "end", "kind").iter_rows()
+                if launch is not None and kind == "memcpy"}
+
+    # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
+    # calls (which wait for it).
+    cpu_events: list[tuple[float, int, Any]] = []
+    for idx, (ts, end, name) in launch_rows.items():
+        if _is_blocking(name, end - ts, copy_end.get(idx), end):
+            cpu_events.append((end, 1, (idx, ts, end)))
+    gpu_rows = gpu.iter_rows()
+    work_by_launch: dict[int, list[tuple[int, float, float, int]]] = {}
+    unlaunched: list[tuple[int, float, float, int]] = []
+    for idx, ts, end, stream, launch, _kind in gpu_rows:
+        item = (idx, ts, end, stream)
+        if launch is not None and launch in launch_rows:
+            work_by_launch.setdefault(launch, []).append(item)
+        else:
+            unlaunched.append(item)
+    for launch, items in work_by_launch.items():
+        cpu_events.append((launch_rows[launch][0], 0, items))
+    for item in unlaunched:
+        cpu_events.append((item[1], 2, [item]))
+    cpu_events.sort(key=lambda e: (e[0], e[1]))
+
+    stream_end: dict[int, tuple[float, float]] = {}  # stream -> (recorded end, replayed end) of its last work
+    ends_recorded: list[float] = []  # recorded ends of placed work, sorted, with replayed ends alongside
+    ends_replayed: list[float] = []
+    new_start: dict[int, float] = {}
+    new_end: dict[int, float] = {}
+    sync_returns: dict[int, float] = {}
+    for t, kind, payload in cpu_events:
+        if kind == 1:
+            sync, ts, end = payload
+            # The sync returned at `end`: what it waited for had ended by then. In the replay it returns when
+            # that work ends there, or at once.
+            i = bisect.bisect_right(ends_recorded, end + TOUCH_US)
+            done = max(ends_replayed[:i], default=float("-inf"))
+            start_new = clock.at(ts)
+            returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
+            clock.saved += clock.at(end) - returns
+            sync_returns[sync] = returns
+            continue
+        for idx, ts, end, stream in payload:
+            prev = stream_end.get(stream)
+            gap = max(0.0, ts - prev[0]) if prev else 0.0
+            if kind == 0:
+                ready = clock.at(t) + latency
+                explained = t + latency + costs.runtime_call_us
+                if prev is not None:
+                    # Back-to-back work keeps its (GPU-side) gap; work that waited for its launch loses the wait.
+                    ready = max(ready, prev[1] + min(gap, 1.0))
+                    explained = max(explained, prev[0])
+            else:  # work with no recorded launch (a graph's later kernels, work queued before the window)
+                ready = ts if prev is None else prev[1] + gap
+                explained = ts if prev is None else prev[0]
+            if ts - explained > TOUCH_US:
+                # It started later than its launch and its stream allow: it waited for another stream's work.
+                i = bisect.bisect_right(ends_recorded, ts + 0.01)
+                if i and ts - ends_recorded[i - 1] <= TOUCH_US:
+                    ready = max(ready, ends_replayed[i - 1])
+            stop = ready + (end - ts)
+            new_start[idx], new_end[idx] = ready, stop
+            stream_end[stream] = (end, stop)
+            j = bisect.bisect_right(ends_recorded, end)
+            ends_recorded.insert(j, end)
+            ends_replayed.insert(j, stop)
+
+    per_step_events = {"cpu_ops": ops.height / steps.height, "runtime_calls": launches.height / steps.height,
+                       "python_functions": python.height / steps.height}
+    return (_per_step(trace, device, steps, clock, new_start, new_end), per_step_events,
+            _idle_after_syncs(sync_returns, new_start))
+
+
+def _idle_after_syncs(sync_returns: dict[int, float], new_start: dict[int, float]) -> dict[int, float]:
+    """For each blocking call, how long the GPU idles in the replay from its return to the next GPU work (the
+    wait a removed sync would save). Syncs in a row with no GPU work between them share one gap: the first counts
+    it."""
+    starts = sorted(new_start.values())
+    idle: dict[int, float] = {}
+    taken: set[int] = set()
+    for sync, returns in sorted(sync_returns.items(), key=lambda item: (item[1], item[0])):
+        i = bisect.bisect_left(starts, returns)
+        if i == len(starts) or i in taken:
+            idle[sync] = 0.0
+            continue
+        taken.add(i)
+        idle[sync] = starts[i] - returns
+    return idle
+
+
+def _idle_launch_latency(gpu: pl.DataFrame, launch_rows: dict[int, tuple[float, float, str]],
+                         runtime_cost: float) -> float:
+    """Median time from a launch call's start to its work's start when its stream was idle, less the profiler's
+    share of the call."""
+    last_end: dict[int, float] = {}
+    samples = []
+    for _idx, ts, end, stream, launch, _kind in gpu.iter_rows():
+        row = launch_rows.get(launch) if launch is not None else None
+        if row is not None and last_end.get(stream, float("-inf")) < row[0]:
+            samples.append(ts - row[0])
+        last_end[stream] = max(end, last_end.get(stream, float("-inf")))
+    if not samples:
+        return 5.0
+    samples.sort()
+    return max(1.0, samples[len(samples) // 2] - runtime_cost)
+
+
+def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, new_start: dict[int, float],
+              new_end: dict[int, float]) -> pl.DataFrame:
+    """Each step's replayed length: from its start to the next step's start, on the CPU or the GPU, whichever
+    comes later (the CPU can run ahead of the GPU; a step ends when both have done its work)."""
+    linked = trace.gpu_linked.filter(pl.col("device") == device).select("idx", "step")
+    placed = pl.DataFrame({"idx": list(new_start), "new_ts": list(new_start.values()),
+                           "new_end": [new_end[i] for i in new_start]},
+                          schema={"idx": pl.UInt32, "new_ts": pl.Float64, "new_end": pl.Float64})
+    work = placed.join(linked, on="idx", how="left")
+    gpu_done = {s: e for s, e in work.group_by("step").agg(pl.col("new_end").max()).iter_rows() if s is not None}
+    busy = {s: b for s, b in busy_us(work.rename({"new_ts": "ts", "new_end": "end"})
+                                       .with_columns(pl.lit(device).alias("device")), ["step"])
+            .select("step", "busy_us").iter_rows() if s is not None}
+    numbers = steps["step"].to_list()
+    starts, ends = steps["ts"].to_list(), steps["end"].to_list()
+    spent_before = [clock.overhead_before(t) for t in starts] + [clock.overhead_before(ends[-1])]
+    cpu_new = [clock.at(t) for t in starts] + [clock.at(ends[-1])]
+    # Work queued before the first step (the warm-up step's tail) delays the first step's GPU work but is not
+    # part of it.
+    backlog = work.filter(pl.col("step").is_null() & (pl.col("new_ts") < cpu_new[0]))["new_end"].max()
+    previous_end = cpu_new[0]
+    rows = []
+    for i, step in enumerate(numbers):
+        # A step is over when the CPU reaches the next step and the GPU has finished this step's work. Step ends
+        # never go back, so the steps' lengths add up to the replayed window.
+        gpu_end = gpu_done.get(step, previous_end)
+        if i == 0 and backlog is not None:
+            gpu_end = previous_end + max(0.0, gpu_end - max(previous_end, float(backlog)))
+        step_end = max(cpu_new[i + 1], gpu_end, previous_end)
+        gpu_busy = busy.get(step, 0.0)
+        est = max(step_end - previous_end, gpu_busy)
+        previous_end = step_end
+        rows.append({"step": step, "device": device, "recorded_us": ends[i] - starts[i], "est_step_us": est,
+                     "gpu_busy_us": gpu_busy, "est_idle_us": max(0.0, est - gpu_busy),
+                     "profiler_cpu_us": spent_before[i + 1] - spent_before[i]})
+    return pl.DataFrame(rows, schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
+                                      "est_step_us": pl.Float64, "gpu_busy_us": pl.Float64,
+                                      "est_idle_us": pl.Float64, "profiler_cpu_us": pl.Float64})

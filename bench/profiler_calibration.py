@@ -1,0 +1,355 @@
+"""The profiler-cost calibration set: real workloads of different granularity, each timed without the profiler
+and captured under the profiler's settings, so that lint's replay of a step without the profiler can be
+checked against the program itself.
+
+    python bench/profiler_calibration.py OUT_DIR [WORKLOAD ...]
+
+Writes OUT_DIR/WORKLOAD.SETTING.pt.trace.json.gz and OUT_DIR/timings.json ({workload: {"unprofiled_ms":
+median step wall time without the profiler, "steps_timed", "settings": {setting: {"profiled_ms",
+"unprofiled_before_ms", "unprofiled_after_ms", "active_steps"}}}}),
+plus OUT_DIR/event_costs.json from attntrace.capture.profiler_cost.measure().
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, schedule
+
+Step = Callable[[], None]
+SETTINGS = {
+    "plain": {},
+    "shapes_stack": {"record_shapes": True, "with_stack": True},
+    "shapes": {"record_shapes": True},
+}
+
+
+def _llama(attn: str, layers: int = 4, dtype: torch.dtype = torch.bfloat16, gqa: bool = True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers, num_attention_heads=16,
+                         num_key_value_heads=4 if gqa else 16, vocab_size=32000, max_position_embeddings=4096)
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to("cuda", dtype)
+
+
+def llama_train(attn: str, compiled: bool = False, autocast_fp32: bool = False) -> Step:
+    model = _llama(attn, dtype=torch.float32 if autocast_fp32 else torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    forward = torch.compile(model) if compiled else model
+    ids = torch.randint(0, 32000, (2, 1024), device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_fp32):
+            loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def llama_generate() -> Step:
+    model = _llama("sdpa").eval()
+    ids = torch.randint(0, 32000, (1, 128), device="cuda")
+
+    def step() -> None:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+
+    return step
+
+
+def gpt2_train() -> Step:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=6, n_embd=768, n_head=12, vocab_size=16384, n_positions=1024)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)  # the default (foreach) optimizer
+    ids = torch.randint(0, 16384, (4, 512), device="cuda")
+    losses: list[float] = []
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # logged every step: a host sync
+
+    return step
+
+
+def bert_infer() -> Step:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(num_hidden_layers=6)).to("cuda", torch.float16).eval()
+    ids = torch.randint(0, 30000, (32, 128), device="cuda")
+
+    def step() -> None:
+        with torch.no_grad():
+            model(input_ids=ids)
+
+    return step
+
+
+def resnet_train() -> Step:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (64,), device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def vit_infer() -> Step:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False).cuda().eval().half()
+    x = torch.randn(16, 3, 224, 224, device="cuda", dtype=torch.float16)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+
+    return step
+
+
+def tiny_ops() -> Step:
+    x = torch.randn(1024, device="cuda")
+
+    def step() -> None:
+        y = x
+        for _ in range(200):
+            y = y * 1.0001 + 0.0001
+        y.sum()
+
+    return step
+
+
+def big_gemm() -> Step:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        for _ in range(4):
+            a @ a
+
+    return step
+
+
+def attention(kind: str) -> Step:
+    q, k, v = (torch.randn(4, 16, 2048, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(2048, 2048, device="cuda", dtype=torch.bool).tril()
+
+    def step() -> None:
+        if kind == "sdpa":
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) * 0.125
+            torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+    return step
+
+
+def mlp_item_sync() -> Step:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 256, device="cuda")
+
+    def step() -> None:
+        for _ in range(4):  # four micro-batches, each logging its loss with .item()
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            float(loss.item())
+
+    return step
+
+
+def two_streams() -> Step:
+    side = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                b @ b
+        for _ in range(30):
+            torch.relu(a)
+        main.wait_stream(side)
+        a @ a
+
+    return step
+
+
+def cuda_graph() -> Step:
+    x = torch.randn(1024, device="cuda")
+    static = {}
+
+    def body() -> torch.Tensor:
+        y = x
+        for _ in range(100):
+            y = y * 1.0001 + 0.0001
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static["y"] = body()
+
+    def step() -> None:
+        graph.replay()
+        static["y"].sum()
+
+    return step
+
+
+def cpu_only() -> Step:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(6)])
+    x = torch.randn(32, 128)
+
+    def step() -> None:
+        with torch.no_grad():
+            for _ in range(10):
+                model(x)
+
+    return step
+
+
+WORKLOADS: dict[str, Callable[[], Step]] = {
+    "llama_train_sdpa": lambda: llama_train("sdpa"),
+    "llama_train_eager": lambda: llama_train("eager"),
+    "llama_train_autocast_fp32": lambda: llama_train("sdpa", autocast_fp32=True),
+    "llama_generate": llama_generate,
+    "gpt2_train_item": gpt2_train,
+    "bert_infer_fp16": bert_infer,
+    "resnet50_train": resnet_train,
+    "vit_small_infer": vit_infer,
+    "tiny_ops": tiny_ops,
+    "big_gemm": big_gemm,
+    "attention_sdpa": lambda: attention("sdpa"),
+    "attention_naive": lambda: attention("naive"),
+    "mlp_item_sync": mlp_item_sync,
+    "two_streams": two_streams,
+    "cuda_graph": cuda_graph,
+    "cpu_only": cpu_only,
+    "llama_train_compiled": lambda: llama_train("sdpa", compiled=True),
+}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_unprofiled(step: Step, min_s: float = 1.0) -> tuple[float, int, list[float]]:
+    """Median wall ms per step over repeated runs of back-to-back steps, synchronised only at the ends: how the
+    program runs when nobody watches."""
+    _sync()
+    begin = time.perf_counter()
+    step()
+    _sync()
+    one = max(time.perf_counter() - begin, 1e-4)
+    steps = max(3, min(50, int(min_s / one)))
+    samples = []
+    for _ in range(5):
+        _sync()
+        begin = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync()
+        samples.append((time.perf_counter() - begin) * 1e3 / steps)
+    return statistics.median(samples), steps, samples
+
+
+def capture(step: Step, path: Path, settings: dict[str, bool], cuda: bool, active: int) -> float:
+    """Profile `active` steps after one warm-up step; the wall ms per recorded step (the export is left out)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync()
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path)), **settings) as prof:
+        begin = end = 0.0
+        for i in range(active + 1):
+            if i == 1:
+                begin = time.perf_counter()
+            step()
+            if i == active:
+                # No sync inside the last step: a sync there would wait for the whole queue, which the program
+                # never does. The profiler's stop waits for the device itself.
+                end = time.perf_counter()
+            prof.step()
+    _sync()
+    return (end - begin) * 1e3 / active
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    names = argv[1:] or list(WORKLOADS)
+    timings_path = out / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    for name in names:
+        started = time.perf_counter()
+        try:
+            step = WORKLOADS[name]()
+            for _ in range(3):
+                step()
+            ms, steps, samples = time_unprofiled(step)
+            entry = {"unprofiled_ms": ms, "steps_timed": steps, "samples_ms": samples, "settings": {}}
+            cuda = name != "cpu_only"
+            active = 3 if name == "llama_generate" else 5
+            # The host's CPU speed drifts (seen: 30% within a minute), so each capture is paired with timings
+            # right before and after it.
+            before = ms
+            for setting, flags in SETTINGS.items():
+                profiled = capture(step, out / f"{name}.{setting}.pt.trace.json.gz", flags, cuda, active)
+                after = time_unprofiled(step, min_s=0.5)[0]
+                entry["settings"][setting] = {"profiled_ms": profiled, "unprofiled_before_ms": before,
+                                              "unprofiled_after_ms": after, "active_steps": active}
+                before = after
+            entry["unprofiled_ms_after"] = before
+            timings[name] = entry
+            print(f"{name}: {ms:.3f} ms unprofiled, profiled {entry['settings']} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        except Exception:
+            print(f"{name}: failed\n{traceback.format_exc()}", flush=True)
+        timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The profiler-cost calibration on a GPU machine (see bench/profiler_calibration.py). Run from the repo root:
+#   bash bench/profiler_calibration_gpu.sh OUT_DIR
+# Leaves OUT_DIR/event_costs.json, OUT_DIR/timings.json, OUT_DIR/log.txt and the traces packed in
+# OUT_DIR/traces-N.tar (each under 15 MiB).
+set -u
+out=${1:?OUT_DIR}
+work=$(mktemp -d)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__)"
+  timeout 120 python -c "
+import json, sys
+from attntrace.capture.profiler_cost import measure
+print(json.dumps(measure('cuda'), indent=1))" > "$out/event_costs.json"
+  cat "$out/event_costs.json"
+  timeout ${CAL_TIMEOUT:-420} python bench/profiler_calibration.py "$work" ${CAL_WORKLOADS:-}
+  cp "$work/timings.json" "$out/" 2>/dev/null
+} 2>&1 | tee "$out/log.txt"
+# Pack traces into tars of at most 15 MiB (the transfer takes 8 files of 16 MiB).
+python - "$work" "$out" <<'PY'
+import sys, tarfile
+from pathlib import Path
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(work.glob("*.pt.trace.json.gz"), key=lambda p: p.stat().st_size)
+n, size, tar = 0, 0, None
+for f in files:
+    s = f.stat().st_size
+    if s > 15 * 2**20:
+        print("too big, left out:", f.name, s); continue
+    if tar is None or size + s > 15 * 2**20:
+        if tar: tar.close()
+        n += 1
+        if n > 5: print("out of room, left out:", f.name); tar = None; break
+        tar, size = tarfile.open(out / f"traces-{n}.tar", "w"), 0
+    tar.add(f, arcname=f.name); size += s
+if tar: tar.close()
+PY
+ls -la "$out"
