@@ -439,8 +439,10 @@ def _time(ctx: Context, sites: list[Site]) -> None:
             owner.update({op: (number, True) for op in call.backward})
     ends, starts = ctx.trace.ops["end"].to_list(), ctx.trace.ops["ts"].to_list()
     for site in sites:
-        site.cpu_us = sum(ends[op] - starts[op] for call in site.calls for op in call.roots
-                          if not any(a in call.roots for a in ctx.trace.op_ancestors(op)[:-1]))
+        for call in site.calls:
+            own = call.roots | call.backward
+            site.cpu_us += sum(ends[op] - starts[op] for op in own
+                               if not any(a in own for a in ctx.trace.op_ancestors(op)[:-1]))
     if not ctx.trace.has_gpu or not owner:
         return
     rows = ctx.gpu_under(set(owner))
