@@ -30,7 +30,8 @@ THIRD_PARTY = [
     (re.compile(r"^xformers(_flash3?)?::(efficient_attention_forward\w*|flash_fwd)$"), "xformers", "xformers"),
 ]
 FLEX_KERNEL = re.compile(r"^triton_tem_.*flex_(attention|decoding)")  # the template; pointwise kernels share the name
-# The variant that runs what a site runs, by its implementation: the like-for-like row of a measurement.
+# The variant that runs what a site runs, by its SDPA backend (the CPU's flash is plain sdpa there): the
+# like-for-like row of a measurement.
 CURRENT = {"math": "sdpa_math", "flash": "sdpa_flash", "efficient": "sdpa_efficient", "cudnn": "sdpa_cudnn"}
 BSHD_OPS = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 REPEAT_LOOK_BACK = 24  # ops before an attention call where Hugging Face's repeat_kv expands k and v
@@ -158,7 +159,7 @@ class _Finder:
             else:
                 causal, source = _mask_causal(mask, q[2], k[2])
             chain = " > ".join(trace.op_chain(op))
-            call = Call("sdpa", f"sdpa ({backend})", CURRENT.get(backend.removesuffix(" (cpu)"), "sdpa"), op, step,
+            call = Call("sdpa", f"sdpa ({backend})", CURRENT.get(backend, "sdpa"), op, step,
                         q, k[1], k[2], DTYPES.get(str(types[0]), str(types[0])), causal, source, mask, dropout, gqa,
                         op_chain=chain, roots={op})
             if backend == "math":
