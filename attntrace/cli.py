@@ -472,11 +472,14 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
               help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
                    "ranks; auto does so when the inputs are the rank traces of one job.")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False), metavar="RUN_JSON",
+              help="The run.json of `attntrace run --from-trace` on these traces: the attention findings it measured "
+                   "(AT102, AT202, AT203) take the measured saving as their impact instead of an assumed speed-up.")
 @read_options
 def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
          config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
-         max_size: int | None, salvage: bool) -> None:
+         measured_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
     from attntrace import api, baseline, distributed  # distributed imports Dask only when a scheduler is given
     from attntrace import lint as engine
@@ -489,6 +492,14 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
         raise click.ClickException(str(exc)) from exc
+    measured = None
+    if measured_path:
+        from attntrace import fromtrace
+
+        try:
+            measured = fromtrace.read_measured(measured_path)
+        except fromtrace.MeasuredError as exc:
+            raise click.ClickException(str(exc)) from exc
     if fmt == "html":
         from attntrace.formats.html import MISSING_EXTRA
 
@@ -507,6 +518,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         except ValueError as exc:  # --annotate cannot map the inputs to outputs
             raise click.ClickException(str(exc)) from exc
     report = result.data
+    if measured is not None:
+        from attntrace import fromtrace
+
+        fromtrace.apply_measured(report, measured, str(measured_path))
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:
@@ -516,7 +531,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
     read = [*paths, *(t["path"] for t in report["traces"]),
-            *(str(p) for p in (config_path, baseline_path, find_pyproject(Path.cwd())) if p)]
+            *(str(p) for p in (config_path, baseline_path, measured_path, find_pyproject(Path.cwd())) if p)]
     if write_baseline:
         _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":

@@ -33,6 +33,14 @@ FLEX_KERNEL = re.compile(r"^triton_tem_.*flex_(attention|decoding)")  # the temp
 # The variant that runs what a site runs, by its SDPA backend (the CPU's flash is plain sdpa there): the
 # like-for-like row of a measurement.
 CURRENT = {"math": "sdpa_math", "flash": "sdpa_flash", "efficient": "sdpa_efficient", "cudnn": "sdpa_cudnn"}
+# (dropout_p, is_causal) argument positions of SDPA's backend ops, as recorded in Concrete Inputs.
+BACKEND_ARGS = {"aten::_scaled_dot_product_flash_attention": (3, 4),
+                "aten::_scaled_dot_product_flash_attention_for_cpu": (3, 4),
+                "aten::_scaled_dot_product_efficient_attention": (5, 6),
+                "aten::_scaled_dot_product_cudnn_attention": (5, 6),
+                "aten::_scaled_dot_product_attention_math": (4, 5),
+                "aten::_flash_attention_forward": (7, 8),
+                "aten::_efficient_attention_forward": (8, 9)}
 BSHD_OPS = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 REPEAT_LOOK_BACK = 24  # ops before an attention call where Hugging Face's repeat_kv expands k and v
 
@@ -151,9 +159,11 @@ class _Finder:
             mask = dims[3] if len(dims) > 3 and isinstance(dims[3], list) and dims[3] else None
             if names[op] == SDPA:
                 causal, dropout, gqa = _flag(concrete, 5), _number(concrete, 4), _flag(concrete, 7)
-            else:  # a backend op called directly: (q, k, v, [mask,] dropout_p, is_causal, ...)
-                at = 3 if "flash" in names[op] else 4
-                causal, dropout, gqa = _flag(concrete, at + 1), _number(concrete, at), False
+            else:  # a backend op called directly (a CausalBias mask does that): its own argument order
+                drop_at, causal_at = BACKEND_ARGS.get(names[op], (4, 5))
+                causal, dropout, gqa = _flag(concrete, causal_at), _number(concrete, drop_at), False
+                if names[op] == "aten::_efficient_attention_forward":  # custom_mask_type: 1 or 2 is causal
+                    causal = str(concrete[causal_at] if len(concrete) > causal_at else "0") in ("1", "2")
             if causal:
                 source = "is_causal=True"
             else:
