@@ -349,7 +349,7 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--variants") from exc
     del trace
-    if plan_only:
+    if plan_only or not doc["sites"]:  # nothing to measure is an answer, not an error
         if fmt == "json":
             _emit(orjson.dumps(_escaped(doc), option=orjson.OPT_INDENT_2) + b"\n", None)
         else:
