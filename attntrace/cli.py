@@ -249,15 +249,36 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
 @click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (findings then name your source lines).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def run(variants: str, batch: int | None, heads: int | None, kv_heads: int | None, seq: int | None,
-        query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str, causal: bool,
-        backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool, with_stack: bool,
-        fmt: str) -> None:
+@click.option("--from-trace", "from_trace", metavar="TRACE",
+              help="Measure the attention this trace ran, at its own shapes (sites found from record_shapes), "
+                   "against every variant here; the shapes, dtype and backward come from the trace.")
+@click.option("--plan", is_flag=True, help="With --from-trace: print the sites and their variants, measure nothing "
+                                           "(no torch needed).")
+@click.option("--sites", "max_sites", type=click.IntRange(min=1), default=None,
+              help="With --from-trace: measure only the N sites that take the most GPU time.")
+@click.pass_context
+def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int | None, kv_heads: int | None,
+        seq: int | None, query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str,
+        causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
+        with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None) -> None:
     """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
 
     Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
-    requested variant was skipped."""
+    requested variant was skipped (with --from-trace: a trace without recorded shapes)."""
     from attntrace.capture import options
+
+    if from_trace is not None:
+        given = [f"--{name.replace('_', '-')}" for name in ("batch", "heads", "kv_heads", "seq", "query_len",
+                                                            "window", "varlen", "head_dim", "dtype", "backward")
+                 if click_ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} cannot be used with --from-trace: the trace gives the shapes")
+        explicit_causal = click_ctx.get_parameter_source("causal") == click.core.ParameterSource.COMMANDLINE
+        _run_from_trace(from_trace, plan, variants, causal if explicit_causal else None, steps, warmup, device,
+                        out_dir, no_lint, fmt, max_sites)
+        return
+    if plan or max_sites is not None:
+        raise click.UsageError("--plan and --sites go with --from-trace TRACE")
 
     small = device == "cpu"
     batch, heads, seq = batch or (1 if small else 4), heads or (2 if small else 16), seq or (128 if small else 2048)
@@ -305,6 +326,77 @@ def run(variants: str, batch: int | None, heads: int | None, kv_heads: int | Non
         _error("every requested variant was skipped; run.json says why")
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_OK)
+
+
+def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | None, steps: int, warmup: int,
+                    device: str, out_dir: str, no_lint: bool, fmt: str, max_sites: int | None) -> None:
+    """`run --from-trace`: the plan (no torch), then each site measured here. A trace without recorded shapes
+    exits 2: there is nothing to size a measurement by, and a script that goes on to measure should stop."""
+    from attntrace import fromtrace
+    from attntrace.loading import guarded
+
+    if steps < 1 or warmup < 0:
+        raise click.UsageError("--steps must be positive, --warmup non-negative")
+    trace = guarded(path, load)
+    if isinstance(trace, InputError):
+        _error(trace.line())
+        sys.exit(EXIT_ERROR)
+    try:
+        doc = fromtrace.plan(trace, variants, causal)
+    except fromtrace.NoShapes as exc:
+        _error(str(exc))
+        sys.exit(EXIT_ERROR)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--variants") from exc
+    del trace
+    if plan_only or not doc["sites"]:  # nothing to measure is an answer, not an error
+        if fmt == "json":
+            _emit(orjson.dumps(_escaped(doc), option=orjson.OPT_INDENT_2) + b"\n", None)
+        else:
+            _emit(fromtrace.render_plan(_printable(doc)) + "\n", None)
+        sys.exit(EXIT_OK)
+    try:
+        from attntrace.capture import runner  # noqa: F401  (torch, imported here after the plan)
+    except ImportError as exc:
+        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    from attntrace.compare import header_line, render
+    from attntrace.progress import run_progress
+
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        result = fromtrace.measure(doc, steps=steps, warmup=warmup, device=device, out_dir=folder,
+                                   lint=not no_lint, max_sites=max_sites, progress=run_progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    folder.joinpath("run.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    if fmt == "json":
+        _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", None)
+    else:
+        for site in result["sites"]:
+            report = _site_report(folder, site)
+            click.echo(f"site {site['id']}: {site['implementation']}, {site['calls_per_step']:g} call(s) per step")
+            if report is not None:
+                click.echo(header_line(report))
+                click.echo(render(report["table"], report["config"]["backward"]))
+            click.echo("")
+        click.echo(fromtrace.render_measurement(result))
+        click.echo(f"traces and run.json per site, and the verdicts in {folder / 'run.json'}")
+    statuses = [v["status"] for site in result["sites"] if (r := _site_report(folder, site))
+                for v in r["variants"]]
+    if "failed" in statuses:
+        sys.exit(EXIT_FINDINGS)
+    if "ok" not in statuses:
+        _error("no variant ran at any site; run.json says why")
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_OK)
+
+
+def _site_report(folder: Path, site: dict[str, Any]) -> dict[str, Any] | None:
+    if not site.get("run"):
+        return None
+    report: dict[str, Any] = orjson.loads(folder.joinpath(site["run"]).read_bytes())
+    return report
 
 
 def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path | None:
@@ -380,11 +472,14 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
               help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
                    "ranks; auto does so when the inputs are the rank traces of one job.")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False), metavar="RUN_JSON",
+              help="The run.json of `attntrace run --from-trace` on these traces: the attention findings it measured "
+                   "(AT102, AT202, AT203) take the measured saving as their impact instead of an assumed speed-up.")
 @read_options
 def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str | None, baseline_path: str | None,
          write_baseline: str | None, select: str | None, ignore: str | None, fail_on: str | None,
          config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
-         max_size: int | None, salvage: bool) -> None:
+         measured_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
     from attntrace import api, baseline, distributed  # distributed imports Dask only when a scheduler is given
     from attntrace import lint as engine
@@ -397,6 +492,14 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         known = baseline.load(baseline_path) if baseline_path else None
     except baseline.BaselineError as exc:
         raise click.ClickException(str(exc)) from exc
+    measured = None
+    if measured_path:
+        from attntrace import fromtrace
+
+        try:
+            measured = fromtrace.read_measured(measured_path)
+        except fromtrace.MeasuredError as exc:
+            raise click.ClickException(str(exc)) from exc
     if fmt == "html":
         from attntrace.formats.html import MISSING_EXTRA
 
@@ -415,6 +518,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
         except ValueError as exc:  # --annotate cannot map the inputs to outputs
             raise click.ClickException(str(exc)) from exc
     report = result.data
+    if measured is not None:
+        from attntrace import fromtrace
+
+        fromtrace.apply_measured(report, measured, str(measured_path))
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:
@@ -424,7 +531,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
     read = [*paths, *(t["path"] for t in report["traces"]),
-            *(str(p) for p in (config_path, baseline_path, find_pyproject(Path.cwd())) if p)]
+            *(str(p) for p in (config_path, baseline_path, measured_path, find_pyproject(Path.cwd())) if p)]
     if write_baseline:
         _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":

@@ -8,6 +8,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us
+from attntrace.checks.measure_hint import point_to_measurement
 
 SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}
 MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"}
@@ -170,7 +171,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=0.0 if too_wide else us_per_step,
             fix=_fix(causal, too_wide),
         ))
-    return findings
+    return point_to_measurement(ctx, findings)
 
 
 def _stable_key(pattern: str) -> str:

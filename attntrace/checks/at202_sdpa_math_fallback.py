@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import Context, fmt_us
+from attntrace.checks.measure_hint import point_to_measurement
 
 MATH = "aten::_scaled_dot_product_attention_math"
 SDPA = "aten::scaled_dot_product_attention"
@@ -82,4 +83,4 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=us_per_step * (1 - 1 / ctx.params["expected_speedup"]),
             fix=ctx.rule.docs["fix"],
         ))
-    return findings
+    return point_to_measurement(ctx, findings)

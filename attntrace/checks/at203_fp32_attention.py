@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import Context, fmt_us, steps_of
+from attntrace.checks.measure_hint import point_to_measurement
 
 FP32_FUSED = r"fmha_cutlass[FB]_f32_"
 
@@ -33,4 +34,4 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=gain,
             fix=ctx.rule.docs["fix"],
         ))
-    return findings
+    return point_to_measurement(ctx, findings)
