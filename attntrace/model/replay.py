@@ -220,9 +220,12 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             unlaunched.append(item)
     for launch, items in work_by_launch.items():
         cpu_events.append((launch_rows[launch][0], 0, items))
+    # Work with no launch in the window that ran before the window's first launched work was queued before the
+    # window: it goes first, in its recorded order, ahead of everything launched in the window.
+    first_launched = min((item[1] for items in work_by_launch.values() for item in items), default=float("inf"))
     for item in unlaunched:
-        cpu_events.append((item[1], 2, [item]))
-    cpu_events.sort(key=lambda e: (e[0], e[1]))
+        cpu_events.append((begin - 1.0 if item[1] < first_launched else item[1], 2, [item]))
+    cpu_events.sort(key=lambda e: (e[0], e[1], e[2][0][1] if e[1] != 1 else 0.0))
 
     stream_end: dict[int, tuple[float, float]] = {}  # stream -> (recorded end, replayed end) of its last work
     ends_recorded: list[float] = []  # recorded ends of placed work, sorted, with replayed ends alongside
@@ -326,15 +329,18 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
     cpu_new = [clock.at(t) for t in starts] + [clock.at(ends[-1])]
     # Work queued before the first step (the warm-up step's tail) delays the first step's GPU work but is not
     # part of it.
-    backlog = work.filter(pl.col("step").is_null() & (pl.col("new_ts") < cpu_new[0]))["new_end"].max()
+    first_own = work.filter(pl.col("step").is_not_null())["new_ts"].min()
+    backlog = (work.filter(pl.col("step").is_null() & (pl.col("new_ts") <= first_own))["new_end"].max()
+               if first_own is not None else None)
     previous_end = cpu_new[0]
+    backlog_us = max(0.0, float(backlog) - cpu_new[0]) if backlog is not None else 0.0
     rows = []
     for i, step in enumerate(numbers):
         # A step is over when the CPU reaches the next step and the GPU has finished this step's work. Step ends
         # never go back, so the steps' lengths add up to the replayed window.
-        gpu_end = gpu_done.get(step, previous_end)
-        if i == 0 and backlog is not None:
-            gpu_end = previous_end + max(0.0, gpu_end - max(previous_end, float(backlog)))
+        # Work queued before the window (backlog_us of it past the window's start) is not the steps' own: their
+        # GPU ends move back by it.
+        gpu_end = gpu_done.get(step, previous_end + backlog_us) - backlog_us
         step_end = max(cpu_new[i + 1], gpu_end, previous_end)
         gpu_busy = busy.get(step, 0.0)
         est = max(step_end - previous_end, gpu_busy)
