@@ -1,0 +1,199 @@
+"""The profiler's own cost: settings read from every trace generation, the replay of a step without the profiler
+on real traces (a sync, two streams, a graph launch, a CPU-only step), and the verdicts of AT402, AT501 and AT302
+judged on it, checked against the same programs timed without the profiler on the H200
+(sample_traces/calibration/timings.json, sample_traces/from_trace/*_timing.json)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLES
+
+from attntrace.api import lint as lint_api
+from attntrace.cli import main
+from attntrace.config import ConfigError, read_config_file
+from attntrace.loading import load
+from attntrace.model.replay import ProfilerCosts, replay
+
+CALIBRATION = SAMPLES / "calibration"
+HELD_OUT = SAMPLES / "from_trace"
+TIMINGS = orjson.loads((CALIBRATION / "timings.json").read_bytes())
+FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
+
+
+def calibration(name: str) -> str:
+    return str(CALIBRATION / f"{name}.pt.trace.json.gz")
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def truth_us(workload: str, setting: str) -> float:
+    paired = TIMINGS[workload]["settings"][setting]
+    return (paired["unprofiled_before_ms"] + paired["unprofiled_after_ms"]) / 2 * 1e3
+
+
+def header(path: Path) -> dict:
+    raw = path.read_bytes()
+    doc = orjson.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    return doc if isinstance(doc, dict) else {}
+
+
+def test_settings_come_from_the_header_when_it_has_them_and_from_events_otherwise(corpus_files):
+    traces = [*corpus_files, *sorted((SAMPLES / "calibration").glob("*.shapes_stack.pt.trace.json.gz")),
+              *sorted(Path(__file__).parent.joinpath("data").glob("*.json.gz"))]
+    sources = set()
+    for path in traces:
+        trace = load(str(path))
+        settings = trace.replay.settings
+        raw = header(path)
+        if any(raw.get(flag) for flag in FLAGS):
+            assert settings["source"] == "header", path
+            assert {f: settings[f] for f in FLAGS} == {f: bool(raw.get(f)) for f in FLAGS}, path
+        else:
+            assert settings["source"] == "events", path
+            assert settings["record_shapes"] == trace.has_shapes, path
+            assert settings["with_stack"] == (trace.python.height > 0), path
+        sources.add(settings["source"])
+    assert sources == {"header", "events"}  # both generations are in the set
+
+
+def test_a_gpu_bound_step_replays_at_its_gpu_time():
+    # big_gemm: four 8192^2 GEMMs per step, the CPU far ahead of the GPU; 6.50 ms per step without the profiler.
+    table = load(calibration("big_gemm.plain")).replay.per_device().row(0, named=True)
+    assert table["est_step_us"] == pytest.approx(truth_us("big_gemm", "plain"), rel=0.05)
+    assert table["est_idle_us"] < 0.02 * table["est_step_us"]
+
+
+def test_a_launch_bound_step_shrinks_by_the_profilers_cost_and_stays_launch_bound():
+    trace = load(calibration("tiny_ops.plain"))
+    row = trace.replay.per_device().row(0, named=True)
+    assert row["est_step_us"] < 0.85 * row["recorded_us"]  # the profiler's cost is taken out
+    assert row["est_step_us"] == pytest.approx(truth_us("tiny_ops", "plain"), rel=0.15)
+    assert row["est_idle_us"] > 0.8 * row["est_step_us"]  # and the GPU still waits for the CPU
+
+
+def test_a_sync_waits_for_the_replayed_gpu_and_its_idle_after_is_what_removing_it_saves():
+    trace = load(calibration("mlp_item_sync.plain"))  # four loss.item() per step
+    result = trace.replay
+    assert len(result.idle_after_sync) >= 4 * result.table.height
+    row = result.per_device().row(0, named=True)
+    assert row["est_step_us"] == pytest.approx(truth_us("mlp_item_sync", "plain"), rel=0.2)
+    assert 0 < sum(result.idle_after_sync.values()) < sum(result.table["est_step_us"])
+
+
+def test_two_streams_keep_their_dependency():
+    # A side stream's GEMMs, then the main stream waits for them: the step cannot be shorter than that chain.
+    trace = load(calibration("two_streams.plain"))
+    row = trace.replay.per_device().row(0, named=True)
+    assert row["est_step_us"] >= 0.99 * row["gpu_busy_us"]
+    assert row["est_step_us"] <= row["recorded_us"] * 1.05
+
+
+def test_a_graph_launch_is_charged_for_each_of_its_kernels():
+    trace = load(calibration("cuda_graph.plain"))
+    costs = ProfilerCosts.default()
+    without = replay(trace, ProfilerCosts.from_table({"graph_kernel_us": 0.0}, costs)).per_device()
+    with_graph = trace.replay.per_device()
+    assert with_graph["profiler_cpu_us"][0] > without["profiler_cpu_us"][0] + 50  # ~200 kernels per replay
+    assert with_graph["est_step_us"][0] == pytest.approx(truth_us("cuda_graph", "plain"), rel=0.15)
+
+
+def test_a_cpu_only_trace_says_why_there_is_no_replay():
+    trace = load(calibration("cpu_only.plain"))
+    assert trace.replay.reason and "CPU-only" in trace.replay.reason
+    report = lint_api(calibration("cpu_only.plain"), select="AT402,AT501")
+    assert not report.findings
+    reasons = {s["rule"]: s["reason"] for s in orjson.loads(report.to_json())["skipped"]}
+    assert set(reasons) == {"AT402", "AT501"}
+
+
+@pytest.mark.parametrize("model", ["llama_train", "gpt2_train", "bert_infer"])
+def test_held_out_models_replay_within_15_percent_of_their_unprofiled_step(model):
+    for impl in ("eager", "sdpa"):
+        truth = orjson.loads((HELD_OUT / f"{model}_timing.json").read_bytes())[f"{impl}_ms_per_step"] * 1e3
+        row = load(str(HELD_OUT / f"{model}_{impl}.pt.trace.json.gz")).replay.per_device().row(0, named=True)
+        assert row["est_step_us"] == pytest.approx(truth, rel=0.15), impl
+
+
+def test_gpu_idle_is_no_warning_where_the_gpu_is_busy_without_the_profiler():
+    # BERT forward: the GPU is busy 98% of the step timed without the profiler; the recorded trace's CPU ran ahead.
+    report = lint_api(str(HELD_OUT / "bert_infer_eager.pt.trace.json.gz"), select="AT402")
+    assert not [f for f in report.findings if f.severity == "warning"]
+
+
+def test_gpu_idle_fires_with_both_figures_where_the_program_really_waits():
+    report = orjson.loads(lint_api(calibration("llama_train_sdpa.shapes_stack"), select="AT402").to_json())
+    (finding,) = report["findings"]
+    assert finding["severity"] == "warning"
+    assert "without the profiler (estimated" in finding["message"] and "as recorded" in finding["message"]
+    assert "record_shapes and with_stack cost" in finding["message"]
+    impact, evidence = finding["impact"], finding["evidence"]
+    assert impact["saving"] == "idle removed" and impact["assumption"]
+    assert impact["step_us"] == pytest.approx(evidence["est_step_us"], rel=1e-3)
+    assert evidence["est_idle_share"] < evidence["recorded_idle_share"]
+
+
+def test_idle_that_is_the_profilers_own_is_info_not_a_warning():
+    # One SDPA call per step captured by `attntrace run`: idle as recorded, back to back without the profiler in
+    # one capture; the same program captured twice gets the same verdict.
+    for folder in ("bf16_causal_fwd", "bf16_causal_fwd_v2"):
+        report = lint_api(str(SAMPLES / folder / "sdpa.pt.trace.json.gz"), select="AT402")
+        assert not [f for f in report.findings if f.severity == "warning"], folder
+
+
+def test_launch_overhead_still_fires_on_a_launch_bound_decode_loop():
+    report = orjson.loads(lint_api(calibration("llama_generate.shapes"), select="AT501").to_json())
+    (finding,) = report["findings"]
+    assert finding["severity"] == "warning"
+    evidence = finding["evidence"]
+    assert evidence["launch_cpu_us_per_step"] < evidence["recorded_launch_cpu_us_per_step"]
+    assert evidence["launch_cpu_us_per_step"] > evidence["gpu_busy_us_per_step"]
+
+
+def test_launch_overhead_is_silent_on_a_gpu_bound_step():
+    assert not lint_api(calibration("big_gemm.shapes"), select="AT501").findings
+
+
+def test_host_sync_idle_is_judged_without_the_profiler():
+    report = orjson.loads(lint_api(calibration("mlp_item_sync.plain"), select="AT302").to_json())
+    (finding,) = [f for f in report["findings"] if "item" in f["where"]["op_chain"]]
+    evidence = finding["evidence"]
+    assert evidence["without_profiler"] is True
+    assert 0 < evidence["gpu_idle_us_per_step"] < evidence["recorded_gpu_idle_us_per_step"]
+    assert finding["impact"]["saving"] == "idle removed"
+
+
+def test_summary_json_carries_the_profiler_contract():
+    result = invoke("summary", calibration("llama_train_sdpa.shapes_stack"), "--format", "json")
+    profiler = orjson.loads(result.stdout_bytes)["traces"][0]["profiler"]
+    assert {"settings", "cpu_us_per_step", "est_step_us", "recorded_step_us"} <= set(profiler)
+    assert profiler["settings"]["record_shapes"] and profiler["settings"]["with_stack"]
+    assert 0 < profiler["est_step_us"] < profiler["recorded_step_us"]
+    assert profiler["cpu_us_per_step"] > 0
+    text = invoke("summary", calibration("llama_train_sdpa.shapes_stack")).output
+    assert "estimated without the profiler" in text and "est. ms w/o profiler" in text
+
+
+def test_the_config_sets_the_costs_and_bad_costs_are_one_line(tmp_path):
+    config = tmp_path / "attntrace.toml"
+    config.write_text("[profiler_cost]\ncpu_op_us = 0.0\nruntime_call_us = 0.0\npython_function_us = 0.0\n"
+                      "cpu_op_shapes_us = 0.0\ncpu_op_stack_us = 0.0\ngraph_kernel_us = 0.0\n")
+    free = orjson.loads(lint_api(calibration("tiny_ops.plain"), select="AT402", config=str(config)).to_json())
+    default = orjson.loads(lint_api(calibration("tiny_ops.plain"), select="AT402").to_json())
+    assert free["traces"][0]["summary"]["profiler"]["cpu_us_per_step"] == 0
+    assert (free["findings"][0]["evidence"]["est_step_us"]
+            > default["findings"][0]["evidence"]["est_step_us"])
+    config.write_text("[profiler_cost]\ncpu_op_us = -1\n")
+    with pytest.raises(ConfigError, match="cpu_op_us"):
+        read_config_file(config)
+    config.write_text("[profiler_cost]\nop_us = 1\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        read_config_file(config)
