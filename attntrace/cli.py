@@ -256,17 +256,25 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
                                            "(no torch needed).")
 @click.option("--sites", "max_sites", type=click.IntRange(min=1), default=None,
               help="With --from-trace: measure only the N sites that take the most GPU time.")
+@click.option("--calibrate-profiler", is_flag=True,
+              help="Measure what the profiler costs the CPU per recorded event on this machine (small loops with "
+                   "and without it) and write the costs to [tool.attntrace.profiler_cost] of the nearest "
+                   "pyproject.toml, where lint finds them; nothing else runs.")
 @click.pass_context
 def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int | None, kv_heads: int | None,
         seq: int | None, query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str,
         causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
-        with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None) -> None:
+        with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None,
+        calibrate_profiler: bool) -> None:
     """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
 
     Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
     requested variant was skipped (with --from-trace: a trace without recorded shapes)."""
     from attntrace.capture import options
 
+    if calibrate_profiler:
+        _calibrate_profiler(device)
+        return
     if from_trace is not None:
         given = [f"--{name.replace('_', '-')}" for name in ("batch", "heads", "kv_heads", "seq", "query_len",
                                                             "window", "varlen", "head_dim", "dtype", "backward")
@@ -326,6 +334,25 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         _error("every requested variant was skipped; run.json says why")
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_OK)
+
+
+def _calibrate_profiler(device: str) -> None:
+    """`run --calibrate-profiler`: the per-event costs measured here, written where lint reads its settings."""
+    try:
+        from attntrace.capture import profiler_cost
+    except ImportError as exc:
+        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    from attntrace.config import find_pyproject, write_profiler_costs
+
+    target = find_pyproject(Path.cwd()) or Path.cwd() / "pyproject.toml"
+    result = profiler_cost.measure(device)
+    text = profiler_cost.to_toml(result)
+    try:
+        write_profiler_costs(target, text)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{target}: cannot write the profiler costs ({exc})") from exc
+    click.echo(text.rstrip())
+    click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them")
 
 
 def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | None, steps: int, warmup: int,

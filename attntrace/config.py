@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attntrace.catalog import SEVERITIES, Rule, resolve
+from attntrace.model.replay import COST_NAMES
 
 FAIL_ON = ("error", "warning", "info", "never")
 
@@ -43,6 +44,36 @@ def find_pyproject(start: Path) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+PROFILER_TABLE = "[tool.attntrace.profiler_cost]"
+
+
+def write_profiler_costs(pyproject: Path, toml_text: str) -> None:
+    """Put `[tool.attntrace.profiler_cost]` (and its measured_on sub-table) into a pyproject.toml: an earlier
+    measurement's tables are replaced where they stood, other content is kept byte for byte; a missing file is
+    created. `toml_text` starts with the PROFILER_TABLE header (attntrace.capture.profiler_cost.to_toml)."""
+    lines = pyproject.read_text().splitlines(keepends=True) if pyproject.exists() else []
+    kept: list[str] = []
+    at: int | None = None
+    inside = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped.startswith(PROFILER_TABLE[:-1])  # the table and its sub-tables
+            if inside and at is None:
+                at = len(kept)
+        if not inside:
+            kept.append(line)
+    if at is None:
+        if kept and not kept[-1].endswith("\n"):
+            kept[-1] += "\n"
+        at = len(kept)
+        toml_text = ("\n" if kept else "") + toml_text
+    kept[at:at] = [toml_text if toml_text.endswith("\n") else toml_text + "\n"]
+    text = "".join(kept)
+    tomllib.loads(text)  # never leave a file that no longer parses
+    pyproject.write_text(text)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -72,8 +103,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 KEYS = ("select", "ignore", "fail-on", "fail_on", "rules", "profiler_cost", "min_saving_share")
-PROFILER_COSTS = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
-                  "step_us", "graph_kernel_us")
+PROFILER_COSTS = COST_NAMES
 
 
 def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:

@@ -197,3 +197,19 @@ def test_the_config_sets_the_costs_and_bad_costs_are_one_line(tmp_path):
     config.write_text("[profiler_cost]\nop_us = 1\n")
     with pytest.raises(ConfigError, match="unknown key"):
         read_config_file(config)
+
+
+def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    project = tmp_path / "pyproject.toml"
+    project.write_text('[project]\nname = "x"\n\n[tool.attntrace.profiler_cost]\ncpu_op_us = 99.0\n'
+                       '[tool.attntrace.profiler_cost.measured_on]\nhost = "old"\n\n[tool.other]\na = 1\n')
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--calibrate-profiler", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    text = project.read_text()
+    assert text.startswith('[project]\nname = "x"\n') and "[tool.other]\na = 1\n" in text
+    assert text.count("[tool.attntrace.profiler_cost]") == 1 and "99.0" not in text and '"old"' not in text
+    costs = read_config_file(project)["profiler_cost"]
+    assert set(costs) == {*ProfilerCosts.__dataclass_fields__} - {"measured_on"} | {"measured_on"}
+    assert costs["measured_on"]["device"] == "cpu" and costs["measured_on"]["loops"]["cpu_op_us"] > 0

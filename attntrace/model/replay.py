@@ -41,6 +41,8 @@ TOUCH_US = 3.0
 # A sync call that found the GPU done still costs the CPU this much (measured without the profiler).
 SYNC_FLOOR_US = 4.0
 STEADY_RATIO = 1.5
+COST_NAMES = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
+              "step_us", "graph_kernel_us")
 SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
 
 
@@ -64,9 +66,7 @@ class ProfilerCosts:
     @classmethod
     def from_table(cls, table: dict[str, Any], base: ProfilerCosts | None = None) -> ProfilerCosts:
         """Costs from a TOML table; names it lacks keep `base`'s values."""
-        fields = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
-                  "step_us", "graph_kernel_us")
-        values = {name: float(table[name]) if name in table else getattr(base, name, 0.0) for name in fields}
+        values = {name: float(table[name]) if name in table else getattr(base, name, 0.0) for name in COST_NAMES}
         measured = table.get("measured_on", base.measured_on if base else {})
         return cls(**values, measured_on=dict(measured))
 
