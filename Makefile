@@ -3,14 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean constraints
 
-$(BIN)/attntrace: pyproject.toml
+$(BIN)/attntrace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch pinned to the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,capture,html,test-remote]'
+	# torch pinned to one release. Which build that is depends on the index: PyPI's torch==2.13.0 for Linux is
+	# the CUDA build (several GB); this project's machines find the CPU wheel on disk. For the CPU build
+	# elsewhere: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	# constraints.txt pins every other package of the dev and test set: without it pip backtracks for ~2 min
+	# through aiobotocore/s3fs/boto3 releases. Refresh it with `make constraints`.
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,capture,html,test-remote]'
 	# Bytecode for the editable package: where PYTHONDONTWRITEBYTECODE is set, every run would compile it again.
 	$(BIN)/python -m compileall -q attntrace
 	touch $@
@@ -27,6 +31,14 @@ test: install
 
 bench: install
 	$(BIN)/python bench/bench_read.py
+
+# Pins of today's newest releases that satisfy pyproject.toml, from a venv made without constraints.
+constraints:
+	rm -rf .venv-constraints && $(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	.venv-constraints/bin/pip install -q -e '.[dev,capture,html,test-remote]' 'boto3<1.44'
+	.venv-constraints/bin/pip freeze --exclude-editable | grep -iv '^torch==' > constraints.txt
+	rm -rf .venv-constraints
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -58,11 +58,14 @@ def _kind(value: Any) -> str:
 
 
 def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -> None:
-    """Mark each finding new or known, and list the baseline entries of the linted traces that are gone."""
+    """Mark each cause new or known (its consequences share its state), and list the baseline entries of the
+    linted traces that are gone."""
     seen = set()
     for finding in report["findings"]:
         finding["baseline"] = "known" if finding["fingerprint"] in known else "new"
         seen.add(finding["fingerprint"])
+        for consequence in finding.get("consequences", ()):
+            consequence["baseline"] = finding["baseline"]
     linted = {trace_label(t["path"]) for t in report["traces"] if not t["error"]}
     fixed = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
     report["baseline"] = {

@@ -5,27 +5,10 @@ the profiler's own cost, and a verdict."""
 from __future__ import annotations
 
 import math
-import re
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attntrace.data import load_toml
-
-PEAKS_FILE = Path(__file__).resolve().parent / "peaks.toml"
-
-
-@cache
-def _devices() -> list[dict[str, Any]]:
-    return list(load_toml(PEAKS_FILE)["device"])
-
-
-def device_peaks(gpu_name: str | None) -> dict[str, Any] | None:
-    """The peaks.toml entry whose `match` is the longest whole-word part of the device's name."""
-    if not gpu_name:
-        return None
-    found = [d for d in _devices() if re.search(rf"(?<![\w]){re.escape(d['match'])}(?![\w])", gpu_name)]
-    return max(found, key=lambda d: len(d["match"])) if found else None
+from attntrace.peaks import device_peaks
 
 
 def precision(dtype: str, tf32: bool) -> str:

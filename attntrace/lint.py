@@ -85,12 +85,13 @@ IDLE_RULES = ("AT302", "AT501")  # GPU idle time that AT402 measures in full
 
 
 def mark_subsumed(findings: list[dict[str, Any]]) -> None:
-    """A finding whose fix another finding's fix includes says so (`subsumed_by`), and its impact is then not
-    counted again: leaving the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies,
-    low-occupancy kernels and per-call mask); fusing an unfused attention chain (AT102) removes the copies its
-    ops make (AT101); tensor cores for an FP32 GEMM (AT201) make its occupancy (AT401) moot; and the idle time
-    after host syncs (AT302) and of launch-bound steps (AT501) is part of the idle time AT402 reports for the
-    same device, whose fix names both."""
+    """A finding whose fix another finding's fix includes is a consequence of that cause: it says which rule
+    (`subsumed_by`) and which finding (`cause`, its fingerprint), and its impact is not counted again. Leaving
+    the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies, low-occupancy kernels and
+    per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101); tensor
+    cores for an FP32 GEMM (AT201) make its occupancy (AT401) moot; and the idle time after host syncs (AT302)
+    and of launch-bound steps (AT501) is part of the idle time AT402 reports for the same device, whose fix
+    names both."""
     rules = {f["rule"] for f in findings}
     idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"}
     for f in findings:
@@ -107,6 +108,45 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
         elif f["rule"] in IDLE_RULES and idle_devices and (
                 f["where"].get("device") in idle_devices or f["where"].get("device") is None):
             f["subsumed_by"] = "AT402"
+    for f in findings:
+        if "subsumed_by" in f:
+            f["cause"] = _cause_of(f, [c for c in findings if c["rule"] == f["subsumed_by"]])["fingerprint"]
+
+
+def _cause_of(consequence: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The finding of the including rule this one follows from: on the same device, sharing the longest start
+    of its op chain (the SDPA call it ran inside), then the largest impact; the fingerprint breaks ties."""
+    device = consequence["where"].get("device")
+    chain = consequence["where"].get("op_chain") or ""
+
+    def closeness(c: dict[str, Any]) -> tuple[Any, ...]:
+        theirs = c["where"].get("op_chain") or ""
+        shared = len(theirs) if theirs and chain.startswith(theirs) else 0
+        same_device = device is None or c["where"].get("device") in (device, None)
+        return (same_device, shared, c["impact"]["gpu_us_per_step"], c["fingerprint"])
+
+    return max(candidates, key=closeness)
+
+
+def nest_consequences(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The causes, each holding its consequences (`consequences`, sorted like causes, a consequence of a
+    consequence under the root cause): one finding per cause a user can fix with one change, in every format."""
+    by_fingerprint = {f["fingerprint"]: f for f in findings}
+    for f in sorted((f for f in findings if "cause" in f), key=sort_key):
+        root = by_fingerprint[f["cause"]]
+        while "cause" in root and root is not f:
+            root = by_fingerprint[root["cause"]]
+        root.setdefault("consequences", []).append(f)
+    return [f for f in findings if "cause" not in f]
+
+
+def all_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every finding of a report: its causes and, after each, the consequences nested in it."""
+    return [g for f in report["findings"] for g in (f, *f.get("consequences", ()))]
+
+
+def severity_counts(findings: list[dict[str, Any]]) -> dict[str, int]:
+    return {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITY_RANK}
 
 
 def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:
@@ -138,17 +178,19 @@ def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
                            "incomplete": False, "error": {"kind": result.kind, "message": result.message}})
             continue
         traces.append(result.info)
-        findings.extend(result.findings)
+        findings.extend(nest_consequences(result.findings))
         skipped.extend(result.skipped)
     findings.sort(key=sort_key)
-    counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITY_RANK}
+    counts = severity_counts(findings)
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "attntrace", "version": __version__},
         "traces": traces,
         "findings": findings,
         "skipped": skipped,
-        "summary": {"traces": len(traces), "errors": sum(1 for t in traces if t["error"]), "findings": counts},
+        # `findings` counts causes; `consequences` the findings nested in them.
+        "summary": {"traces": len(traces), "errors": sum(1 for t in traces if t["error"]), "findings": counts,
+                    "consequences": sum(len(f.get("consequences", ())) for f in findings)},
     }
 
 

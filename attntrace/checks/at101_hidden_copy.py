@@ -27,6 +27,33 @@ FIXES = {
                          "under `torch.no_grad()` or where autograd allows it), or fuse the attention with "
                          "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
 }
+BACKWARD_NODE = re.compile(r"^(?:torch::autograd::)?([A-Za-z0-9_]+?)Backward\d*$")
+LAYOUT_BACKWARD = {"View", "Reshape", "UnsafeView", "Transpose", "Permute", "Expand", "T", "Select", "Slice"}
+
+
+def backward_fix(node: str) -> str | None:
+    """The fix for a copy that autograd's backward formula of a forward op makes (MaskedFillBackward0 >
+    aten::masked_fill > aten::clone): it names the forward op, and the change that removes the copy, since an
+    in-place form in forward does not."""
+    match = BACKWARD_NODE.match(node)
+    if not match:
+        return None
+    forward = match.group(1)
+    name = re.sub(r"(?<!^)(?=[A-Z])", "_", forward).lower()
+    if forward == "MaskedFill":
+        return (f"The copy is made in backward by `{node}`, the gradient of the forward `masked_fill` of the "
+                "attention scores; `masked_fill_` or `torch.no_grad()` in forward do not remove it. Replace the "
+                "mask-softmax chain with `F.scaled_dot_product_attention(q, k, v, is_causal=True)` (or "
+                "`attn_mask=`), whose backward makes no such copy.")
+    if forward in LAYOUT_BACKWARD:
+        return (f"The copy is made in backward by `{node}`: the gradient of a forward `{name}` of a tensor that is "
+                "not contiguous in the layout the gradient comes in. Make the forward tensor contiguous where it "
+                "is produced (or use the layout downstream ops expect), so that the gradient is a view again.")
+    return (f"The copy is made in backward by `{node}`, autograd's formula for the forward `{name}`; a change in "
+            f"forward that avoids `{name}` (a fused op, or `torch.compile` fusing it with its neighbours) removes "
+            "it.")
+
+
 COMPILED_FIX = ("torch.compile copies back the graph inputs it mutates in place and clones outputs that alias "
                 "inputs: move in-place updates of inputs (buffers, caches) out of the compiled region or make them "
                 "outputs, and return new tensors rather than views of inputs.")
@@ -135,8 +162,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                         names[-1])
         ddp = any(DDP.search(n) for n in names)
         compiled = asked_by.startswith("CompiledFunction")
-        fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else GQA_FIX if _repeats_kv_heads(
-            ctx, rows[0]["op"], asked_by) else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX)
+        in_backward = next((fix for fix in map(backward_fix, names) if fix), None)
+        fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else in_backward or (
+            GQA_FIX if _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
+            else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX))
         count = len(rows) / ctx.step_count
         # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the
         # largest beside it, and bytes per step from the copies whose size is known, scaled to all of them.

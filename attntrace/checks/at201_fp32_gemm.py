@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import Context, fmt_us, steps_of
+from attntrace.checks.base import Context, fmt_ms, steps_of
 
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"
 LOW_PRECISION = {"c10::BFloat16", "c10::Half"}
@@ -23,7 +23,6 @@ FIXES["fp32-convolution"] = ("Run the convolutions in bf16/fp16 under `torch.aut
                              "with `channels_last` memory format, and keep `torch.backends.cudnn.allow_tf32 = True` "
                              "(PyTorch's default) so that cuDNN may pick TF32 tensor-core algorithms.")
 FIXES["unknown"] = FIXES["fp32-inputs"]
-ONE_FINDING_CAUSES = {"fp32-convolution", "sdpa-math-upcast-backward"}
 CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convolution", "aten::conv2d",
                "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
 # Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
@@ -73,35 +72,42 @@ def _math_upcast_dtype(ctx: Context) -> str | None:
 
 def check(ctx: Context) -> list[dict[str, Any]]:
     gemms = ctx.gpu.filter(pl.col("cls") == "gemm_fp32_simt")
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    reasons: dict[str, set[str]] = {}
     math_dtype = _math_upcast_dtype(ctx) if gemms.height else None
     for row in gemms.iter_rows(named=True):
         cause, why = _cause(ctx, row["op"], math_dtype)
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
-        # One cause with one fix is one finding, however many layers' op chains show it.
-        key = "" if cause in ONE_FINDING_CAUSES else chain
-        groups.setdefault((cause, why, key), []).append({**row, "chain": chain})
+        # One cause with one fix is one finding, however many layers' op chains show it: the chains go inside.
+        groups.setdefault(cause, []).append({**row, "chain": chain})
+        reasons.setdefault(cause, set()).add(why)
+    # Shares of compute: the GEMMs compete with compute, not with communication running beside it.
+    compute_us = ctx.step_compute_us or ctx.step_gpu_us
+    speedup = ctx.params["expected_speedup"]
     findings = []
-    for (cause, why, _), rows in sorted(groups.items()):
+    for cause, rows in sorted(groups.items()):
         chains = sorted({r["chain"] for r in rows}, key=lambda c: (-sum(r["chain"] == c for r in rows), c))
-        chain = chains[0]
         us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
-        share = ctx.share_of_gpu(us_per_step)
+        share = us_per_step / compute_us if compute_us else 0.0
         if share < ctx.params["min_share"]:
             continue
-        saved = us_per_step * (1 - 1 / ctx.params["expected_speedup"])
+        saved = us_per_step * (1 - 1 / speedup)
         kernels = sorted({r["name"] for r in rows})
+        why = "; ".join(sorted(reasons[cause]))
+        where_from = f" in {len(chains)} op chains" if len(chains) > 1 else ""
         findings.append(ctx.finding(
             op=rows[0]["op"],
-            key=f"{cause}|{chain if cause not in ONE_FINDING_CAUSES else ''}",
-            message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores, not tensor cores: "
-                     f"{why} ({fmt_us(us_per_step)} GPU {ctx.each_step}, {100 * share:.0f}% {ctx.of_step_gpu})"),
-            where={"op_chain": chain, "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
+            key=cause,
+            message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores{where_from}, not tensor cores: {why}: "
+                     f"{fmt_ms(us_per_step)} GPU {ctx.each_step} ({100 * share:.0f}% of compute); tensor cores "
+                     f"would save ~{fmt_ms(saved)} if {speedup:g}x faster"),
+            where={"op_chain": chains[0], "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
             evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels[:20],
-                      "op_chains": chains[:20],
-                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
-                      "assumed_tensor_core_speedup": ctx.params["expected_speedup"]},
+                      "op_chains": chains[:20], "op_chain_count": len(chains),
+                      "gpu_us_per_step": us_per_step, "share_of_compute": share, "compute_us_per_step": compute_us,
+                      "share_of_step_gpu": ctx.share_of_gpu(us_per_step), "assumed_tensor_core_speedup": speedup},
             gpu_us_per_step=saved,
+            assumption=f"if tensor cores run these GEMMs {speedup:g}x faster",
             device=rows[0]["device"],
             fix=PRE_AMPERE_FIX if _pre_ampere(ctx, rows[0]["device"]) else FIXES[cause],
         ))

@@ -52,17 +52,31 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
     return idle
 
 
-def _cause(chain: str) -> str:
+# Each kind of sync has its own change that removes it.
+ITEM_FIX = ("Keep the value on the GPU until it is needed: accumulate `running += loss.detach()` and call `.item()` "
+            "once per logging interval; replace Python `if tensor:`/`int(tensor)` on CUDA tensors with tensor ops "
+            "(`torch.where`, masks).")
+COPY_FIX = ("Make the host<->device copy asynchronous: allocate the host tensor in pinned memory "
+            "(`.pin_memory()`, `DataLoader(pin_memory=True)`) and copy with `.to(device, non_blocking=True)`; or "
+            "build the tensor on the device directly (`torch.arange(..., device=\"cuda\")`) instead of on the CPU "
+            "and moving it.")
+SYNC_FIX = ("Remove the explicit `torch.cuda.synchronize()` / `event.synchronize()` inside the step: the next "
+            "op waits for its inputs anyway. Synchronize only where the host must read a result, or to time the "
+            "step outside the profiled region.")
+
+
+def _cause(chain: str) -> tuple[str, str]:
+    """(what made the sync, the change that removes it), from the op chain that ran it."""
     if "aten::item" in chain or "_local_scalar_dense" in chain:
-        return "a .item() (or a Python bool/int/float) of a CUDA tensor"
+        return "a .item() (or a Python bool/int/float) of a CUDA tensor", ITEM_FIX
     if any(op in chain for op in ("aten::to", "aten::_to_copy", "aten::copy_")):
-        return "a blocking copy between host and device (.to()/.cpu()/.cuda() with pageable memory)"
+        return "a blocking copy between host and device (.to()/.cpu()/.cuda() with pageable memory)", COPY_FIX
     if chain.startswith("(no op"):
-        return "a synchronize call outside any op (torch.cuda.synchronize() or an event wait)"
+        return "a synchronize call outside any op (torch.cuda.synchronize() or an event wait)", SYNC_FIX
     innermost = chain.split(" > ")[-1]
     if not innermost.startswith("aten::"):
-        return f"a synchronize call (torch.cuda.synchronize() or an event wait) inside {innermost}"
-    return f"{innermost} waiting for the GPU"
+        return f"a synchronize call (torch.cuda.synchronize() or an event wait) inside {innermost}", SYNC_FIX
+    return f"{innermost} waiting for the GPU", ITEM_FIX
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -94,7 +108,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         step_us = est_step.get(rows[0]["device"]) or ctx.step_us
         share = idle_per_step / step_us if step_us else 0.0
         apis = sorted({r["name"] for r in rows})
-        cause = _cause(chain)
+        cause, fix = _cause(chain)
         where_step = "step" if ctx.trace.has_step_markers else "trace"
         measured = (f"~{fmt_us(idle_per_step)} per {where_step} without the profiler ({100 * share:.1f}% of it, "
                     f"estimated; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
@@ -116,6 +130,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             assumption=("the GPU's wait after the sync, replayed without the profiler's cost; removing the sync "
                         "lets the CPU queue work ahead") if by_replay else None,
             step_us=step_us,
-            fix=ctx.rule.docs["fix"],
+            fix=fix,
         ))
     return findings

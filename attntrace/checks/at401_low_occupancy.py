@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import polars as pl
 
 from attntrace import occupancy, taxonomy
-from attntrace.checks.base import Context, Skip, fmt_us, steps_of
+from attntrace.checks.base import ITEM_SIZE, Context, Skip, fmt_us, steps_of
+from attntrace.peaks import device_peaks
 
 CONFIG = ["block_threads", "registers", "shared_memory", "grid_blocks"]
 MAX_CHAINS = 50  # launching ops looked at per kernel: enough to tell one call site from several
-FP32_GEMM_FIX = ("Run the GEMM on tensor cores rather than tuning its occupancy: bf16/fp16 inputs "
-                 "(`torch.autocast`), or TF32 for fp32 (`torch.backends.cuda.matmul.allow_tf32 = True`); AT201 "
-                 "says what made it FP32.")
+# Kernels whose problem another rule names: their occupancy is a consequence, and that rule's fix removes it.
+OWNED_CLASSES = {"gemm_fp32_simt": "AT201"}
+OWNED_OPS = {"aten::_scaled_dot_product_attention_math": "AT202"}
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 TINY_GRID_FIX = ("Give the launch more blocks than the GPU has SMs: batch more work per launch (larger batch, "
                  "several heads or layers in one kernel, `torch.compile` fusing the small ops), or split the work "
                  "(split-K for GEMMs, more query blocks for attention).")
@@ -54,6 +58,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         share = ctx.share_of_gpu(us_per_step)
         if share < ctx.params["min_share"] or us_per_step < ctx.params["min_gpu_us"]:
             continue
+        if _owner(ctx, k):
+            continue
+        busy = _near_peak(ctx, k)
+        if busy and busy["share"] >= ctx.params["max_peak_share"]:
+            continue
         reported = k["reported"]
         computed = None
         if k["block_threads"] and vendors.get(k["device"]) != "amd":
@@ -71,11 +80,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         tiny_grid = k["blocks_per_sm"] is not None and k["blocks_per_sm"] < 1
         limiter = computed.limited_by if computed else None
         fix = ctx.rule.docs["fix"]
-        if k["cls"] == "gemm_fp32_simt":
-            reason = ("an FP32 GEMM on CUDA cores (AT201): moving it to tensor cores is the fix, not its "
-                      "occupancy")
-            fix = FP32_GEMM_FIX
-        elif tiny_grid:
+        if tiny_grid:
             reason = (f"its grid ({k['grid_blocks']} blocks) is smaller than the number of SMs, so most SMs "
                       "sit idle: give the launch more parallelism")
             fix = TINY_GRID_FIX
@@ -97,8 +102,55 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "blocks_per_sm": k["blocks_per_sm"], "kernel_class": k["cls"],
                       "grid_blocks": k["grid_blocks"], "launches": k["count"],
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
-                      "launching_op_chains": chains[:3]},
-            gpu_us_per_step=us_per_step,
+                      "launching_op_chains": chains[:3], "peak_use": busy},
+            gpu_us_per_step=us_per_step / 2,
+            assumption="if better occupancy made the kernel up to 2x faster (at most what it takes)",
             fix=fix,
         ))
     return findings
+
+
+def _owner(ctx: Context, kernel: dict[str, Any]) -> str | None:
+    """The rule that names this kernel's problem, if another one does (FP32 SIMT GEMMs: AT201; the SDPA math
+    backend's kernels: AT202)."""
+    if kernel["cls"] in OWNED_CLASSES:
+        return OWNED_CLASSES[kernel["cls"]]
+    for op in kernel["ops"][:MAX_CHAINS]:
+        for name in ctx.trace.op_chain(op):
+            if name in OWNED_OPS:
+                return OWNED_OPS[name]
+    return None
+
+
+def _near_peak(ctx: Context, kernel: dict[str, Any]) -> dict[str, Any] | None:
+    """How close the kernel runs to the device's memory bandwidth or to its peak for the precision, estimated
+    from the launching op's recorded input shapes (bytes of its inputs; 2*M*N*K for a GEMM) and peaks.toml;
+    None when the trace has no shapes or the device no entry there."""
+    peaks = device_peaks(ctx.trace.device_name(kernel["device"]))
+    if not peaks or not kernel["ops"] or not kernel["count"]:
+        return None
+    op = kernel["ops"][0]
+    dims, types, _ = ctx.trace.op_input(op)
+    if not dims or not types:
+        return None
+    tensors = [(d, t) for d, t in zip(dims, types, strict=False)
+               if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t in ITEM_SIZE]
+    if not tensors:
+        return None
+    seconds = kernel["us"] / kernel["count"] / 1e6
+    moved = sum(math.prod(d) * ITEM_SIZE[t] for d, t in tensors)
+    use = {"bandwidth_share": moved / seconds / (peaks["hbm_tbs"] * 1e12) if peaks.get("hbm_tbs") else 0.0,
+           "compute_share": 0.0, "source": f"input shapes of {ctx.trace.op_names[op]} and peaks.toml "
+                                             f"({peaks['name']})"}
+    name = ctx.trace.op_names[op]
+    if name in GEMM_OPS and len(tensors) >= 2:
+        a, b = tensors[-2][0], tensors[-1][0]
+        if name == "aten::linear":
+            a, b = tensors[0][0], tensors[1][0][::-1]
+        if len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
+            flops = 2.0 * math.prod(a[:-1]) * a[-1] * b[-1]
+            peak = peaks.get(PRECISION.get(tensors[0][1], ""))
+            if peak:
+                use["compute_share"] = flops / seconds / (peak * 1e12)
+    use["share"] = max(use["bandwidth_share"], use["compute_share"])
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in use.items()}

@@ -29,7 +29,7 @@ def significant(value: float, digits: int = 2) -> float:
     """`value` to `digits` significant figures: an estimate that rests on an assumed speed-up is no finer."""
     if not value or not math.isfinite(value):
         return 0.0
-    return round(value, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
+    return float(round(value, digits - 1 - math.floor(math.log10(abs(value)))))
 
 
 class Skip(Exception):
@@ -70,6 +70,11 @@ class Context:
     @cached_property
     def step_gpu_us(self) -> float:
         return float(self.steps["gpu_busy_us"].mean()) if self.steps.height else 0.0
+
+    @cached_property
+    def step_compute_us(self) -> float:
+        """Mean GPU compute time per step (busy time without communication kernels)."""
+        return float(self.steps["compute_us"].mean()) if self.steps.height else 0.0
 
     @cached_property
     def gpu(self) -> pl.DataFrame:

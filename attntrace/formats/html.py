@@ -8,6 +8,8 @@ import html
 from pathlib import Path
 from typing import Any
 
+from attntrace.formats.text import impact_text
+
 MISSING_EXTRA = "the HTML report needs plotly: pip install 'attntrace[html]'"
 COLOURS = {"attention": "#2e7d32", "GEMM tensor-core": "#1565c0", "GEMM FP32": "#c62828", "GEMM other": "#6a1b9a",
            "elementwise": "#f9a825", "Triton": "#00838f", "copies": "#ef6c00", "communication": "#5d4037",
@@ -115,8 +117,8 @@ def _finding_html(finding: dict[str, Any]) -> str:
              f"<b>{_esc(finding['rule'])} {_esc(finding['name'])}</b>: {_esc(finding['message'])}</div>"]
     impact = finding.get("impact") or {}
     if impact.get("gpu_us_per_step"):
-        parts.append(f"<div>impact: ~{impact['gpu_us_per_step']:.1f} us GPU per step "
-                     f"({100 * impact.get('share_of_step', 0.0):.1f}% of step)</div>")
+        assumes = f" &mdash; assumes {_esc(impact['assumption'])}" if impact.get("assumption") else ""
+        parts.append(f"<div>impact: {_esc(impact_text(impact))}{assumes}</div>")
     if where.get("op_chain"):
         parts.append(f"<div>where: <code>{_esc(where['op_chain'])}</code></div>")
     if where.get("kernel"):
@@ -129,7 +131,14 @@ def _finding_html(finding: dict[str, Any]) -> str:
                        if v is not None)
     if evidence:
         parts.append(f"<details><summary>evidence</summary><dl>{evidence}</dl></details>")
-    parts.append(f"<div>fix: {_esc(finding['fix'])}</div></div>")
+    parts.append(f"<div>fix: {_esc(finding['fix'])}</div>")
+    consequences = finding.get("consequences") or []
+    if consequences:
+        items = "".join(f"<li><b>{_esc(c['rule'])} {_esc(c['name'])}</b> ({_esc(c['severity'])}): "
+                        f"{_esc(c['message'])}</li>" for c in consequences)
+        parts.append(f"<div class=\"consequences\">this cause's fix also removes (counted in it):<ul>{items}</ul>"
+                     "</div>")
+    parts.append("</div>")
     return "".join(parts)
 
 
@@ -166,7 +175,7 @@ def lint_page(report: dict[str, Any], timelines: dict[str, dict[str, Any]], titl
     _require_plotly()
     counts = report["summary"]["findings"]
     head = [f"<h1>{_esc(title)}</h1>",
-            f"<p>{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; findings: "
+            f"<p>{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; causes: "
             f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info "
             f"<span class=\"muted\">(attntrace {_esc(report['tool']['version'])})</span></p>"]
     return _page(title, head + trace_sections(report, timelines))

@@ -1,4 +1,6 @@
-"""A compact Markdown report for a pull-request comment: a summary table per trace, then the findings."""
+"""A Markdown report that fits a pull-request comment (GitHub refuses one over 65,536 characters): the summary
+table, the top causes with their consequences inside them, the rest folded in <details>, and a note of what
+did not fit."""
 
 from __future__ import annotations
 
@@ -7,7 +9,11 @@ from typing import Any
 
 from tabulate import tabulate
 
+from attntrace.checks.base import fmt_ms
+
 ICON = {"error": "🔴", "warning": "🟡", "info": "🔵"}
+COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body, in characters
+TOP_CAUSES = 10  # shown as rows of the table; the rest go in <details>
 
 
 def _ms(us: float | None) -> str:
@@ -16,8 +22,10 @@ def _ms(us: float | None) -> str:
 
 def render(report: dict[str, Any]) -> str:
     counts = report["summary"]["findings"]
+    nested = report["summary"].get("consequences", 0)
     out = [f"## attntrace: {counts['error']} error, {counts['warning']} warning, {counts['info']} info "
-           f"in {report['summary']['traces']} trace(s)", ""]
+           f"in {report['summary']['traces']} trace(s)" + (f" ({nested} consequences inside)" if nested else ""),
+           ""]
     rows = []
     for t in report["traces"]:
         if t["error"]:
@@ -33,21 +41,54 @@ def render(report: dict[str, Any]) -> str:
                      " ".join(f"{ICON[sev]}{sum(f['severity'] == sev for f in found)}" for sev in ICON)])
     out.append(tabulate(rows, headers=["trace", "device", "steps", "GPU ms/step", "kernels", "memcpy",
                                        "tensor-core GEMM", "findings"], tablefmt="github"))
-    if report["findings"]:
-        out += ["", "| | rule | finding | saves/step | fix |", "|---|---|---|---|---|"]
-        for f in report["findings"]:
-            status = " (new)" if f.get("baseline") == "new" else ""
-            where = f["where"].get("op_chain") or f["where"].get("kernel") or ""
-            source = f["where"].get("source")
-            at = " at " + _code(f"{source['file']}:{source['line']}") if source else ""
-            out.append(f"| {ICON[f['severity']]} | {f['rule']} {f['name']}{status} | {_cell(f['message'])}"
-                       f"<br>{_code(where)}{at} in {_code(f['trace'])} | {f['impact']['gpu_us_per_step']:.0f} us "
-                       f"| {_cell(f['fix'])} |")
+    tail: list[str] = []
     baseline = report.get("baseline")
     if baseline and baseline["fixed"]:
-        out += ["", f"Fixed since the baseline: {len(baseline['fixed'])}"]
-        out += [f"- {e['rule']} in {_code(e['trace'])}: {_cell(e['message'])}" for e in baseline["fixed"]]
+        tail += ["", f"Fixed since the baseline: {len(baseline['fixed'])}"]
+        tail += [f"- {e['rule']} in {_code(e['trace'])}: {_cell(e['message'])}" for e in baseline["fixed"]]
+    header = "| | rule | finding | saves/step | fix |\n|---|---|---|---|---|"
+    rows_md = [_row(f) for f in report["findings"]]
+    budget = COMMENT_LIMIT - len("\n".join(out)) - len("\n".join(tail)) - 600  # room for the notes below
+    top, rest = rows_md[:TOP_CAUSES], rows_md[TOP_CAUSES:]
+    if top:
+        out += ["", header]
+    used = len(header)
+    shown = 0
+    for row in top:
+        if used + len(row) + 1 > budget:
+            break
+        out.append(row)
+        used += len(row) + 1
+        shown += 1
+    rest = rows_md[shown:]
+    if rest:
+        folded: list[str] = []
+        for row in rest:
+            if used + len(row) + 1 > budget:
+                break
+            folded.append(row)
+            used += len(row) + 1
+        if folded:
+            out += ["", f"<details><summary>{len(folded)} more cause(s)</summary>", "", header, *folded, "",
+                    "</details>"]
+        cut = len(rest) - len(folded)
+        if cut:
+            out += ["", f"_{cut} more cause(s) did not fit in a comment ({COMMENT_LIMIT:,} characters): run "
+                        "`attntrace lint --format json` or `--format html` for all of them._"]
+    out += tail
     return "\n".join(out) + "\n"
+
+
+def _row(f: dict[str, Any]) -> str:
+    status = " (new)" if f.get("baseline") == "new" else " (known)" if f.get("baseline") == "known" else ""
+    where = f["where"].get("op_chain") or f["where"].get("kernel") or ""
+    source = f["where"].get("source")
+    at = " at " + _code(f"{source['file']}:{source['line']}") if source else ""
+    inside = "".join(f"<br>↳ includes {c['rule']} {c['name']}: {_cell(c['message'])}"
+                     for c in f.get("consequences", ()))
+    return (f"| {ICON[f['severity']]} | {f['rule']} {f['name']}{status} | {_cell(f['message'])}"
+            f"<br>{_code(where)}{at} in {_code(f['trace'])}{inside} | ~{fmt_ms(f['impact']['gpu_us_per_step'])} "
+            f"{f['impact'].get('saving') or ''} | {_cell(f['fix'])} |")
 
 
 def _cell(text: str) -> str:

@@ -10,6 +10,7 @@ import orjson
 import polars as pl
 
 from attntrace.checks.base import trace_label
+from attntrace.lint import all_findings
 
 COLUMNS: dict[str, Any] = {
     "job": pl.String,  # the trace's name with digit runs folded: the same for every rank of one job
@@ -28,6 +29,7 @@ COLUMNS: dict[str, Any] = {
     "gpu_us_per_step": pl.Float64,
     "share_of_step": pl.Float64,
     "subsumed_by": pl.String,
+    "cause": pl.String,  # the fingerprint of the cause this finding is a consequence of
     "baseline": pl.String,
     "evidence": pl.String,  # JSON
     "ranks": pl.String,  # JSON: on K of N ranks with the impact's spread, when findings are grouped by rank
@@ -38,7 +40,7 @@ COLUMNS: dict[str, Any] = {
 
 def rows(report: dict[str, Any]) -> pl.DataFrame:
     out = []
-    for f in report["findings"]:
+    for f in all_findings(report):
         where = f.get("where", {})
         steps = where.get("steps")
         out.append({
@@ -48,7 +50,7 @@ def rows(report: dict[str, Any]) -> pl.DataFrame:
             "op_chain": where.get("op_chain"), "kernel": where.get("kernel"),
             "steps": [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else None,
             "gpu_us_per_step": f["impact"]["gpu_us_per_step"], "share_of_step": f["impact"]["share_of_step"],
-            "subsumed_by": f.get("subsumed_by"), "baseline": f.get("baseline"),
+            "subsumed_by": f.get("subsumed_by"), "cause": f.get("cause"), "baseline": f.get("baseline"),
             "evidence": orjson.dumps(f.get("evidence"), option=orjson.OPT_SORT_KEYS).decode(),
             "ranks": orjson.dumps(f["ranks"], option=orjson.OPT_SORT_KEYS).decode() if f.get("ranks") else None,
             "fix": f["fix"],

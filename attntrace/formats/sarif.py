@@ -1,4 +1,6 @@
-"""SARIF 2.1.0 for GitHub code scanning: the rule catalogue as tool.driver.rules, one result per finding."""
+"""SARIF 2.1.0 for GitHub code scanning: the rule catalogue as tool.driver.rules, one result per cause; the
+consequences its fix also removes are its relatedLocations, each message naming the consequence's rule and
+fingerprint, and are listed in its properties."""
 
 from __future__ import annotations
 
@@ -49,6 +51,16 @@ def _result(finding: dict[str, Any], rule_index: dict[str, int]) -> dict[str, An
         "properties": {"evidence": finding["evidence"], "impact": finding["impact"],
                        "trace": finding["trace"]},
     }
+    consequences = finding.get("consequences", ())
+    if consequences:
+        result["relatedLocations"] = [
+            {"id": n, "physicalLocation": {"artifactLocation": {"uri": c["trace"]}},
+             "message": {"text": f"{c['rule']} {c['name']} (counted in this cause, fingerprint {c['fingerprint']}): "
+                                 f"{c['message']}"}}
+            for n, c in enumerate(consequences, 1)]
+        result["properties"]["consequences"] = [
+            {"rule": c["rule"], "severity": c["severity"], "message": c["message"], "impact": c["impact"],
+             "fingerprint": c["fingerprint"]} for c in consequences]
     if "baseline" in finding:
         result["baselineState"] = "new" if finding["baseline"] == "new" else "unchanged"
     return result

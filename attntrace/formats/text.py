@@ -2,39 +2,77 @@
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from typing import Any
 
 import click
 
+from attntrace.checks.base import fmt_ms
+
 COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 KERNEL_WIDTH = 160  # templated kernel names run to thousands of characters: the head tells them apart
+INDENT = " " * 6
+
+
+def width() -> int:
+    """The terminal's width, or 100 columns when the output is not a terminal (a file, a pipe, CI's log)."""
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _wrapped(label: str, text: str) -> list[str]:
+    return textwrap.wrap(f"{label}{text}", width(), initial_indent=INDENT, subsequent_indent=INDENT + "  ",
+                         break_long_words=False, break_on_hyphens=False) or [INDENT + label]
+
+
+def impact_text(impact: dict[str, Any], stepped: bool = True) -> str:
+    """"~1.8 ms gpu time per step (36% of step)": what the fix saves first, in the step's own terms."""
+    per, of = ("per step", "of step") if stepped else ("in the trace", "of the trace")
+    saving = impact.get("saving") or "gpu time"
+    return f"~{fmt_ms(impact['gpu_us_per_step'])} {saving} {per} ({100 * impact['share_of_step']:.1f}% {of})"
 
 
 def _finding(f: dict[str, Any], style: Any, stepped: bool = True) -> list[str]:
-    """A finding's lines; `stepped` False for a trace without steps, whose numbers are for the whole trace."""
+    """A cause's lines: one headline (known/new, rule, severity, impact, name), then the message, where it is,
+    the assumption and the fix on the lines under it, then the consequences its fix also removes."""
     impact = f["impact"]
     sev = style(f"{f['severity']:<7}", fg=COLOURS[f["severity"]], bold=True)
-    known = {"known": " (known)", "new": " (new)"}.get(f.get("baseline", ""), "")
-    lines = [f"  {style(f['rule'], bold=True)} {sev} {f['message']}{known}"]
+    known = {"known": "known ", "new": "new "}.get(f.get("baseline", ""), "")
+    saves = impact_text(impact, stepped) if impact["gpu_us_per_step"] else "no saving estimated"
+    lines = [f"  {known}{style(f['rule'], bold=True)} {sev} {saves}  {f['name']}"]
+    lines += _wrapped("", f["message"])
     where = f["where"]
-    if where.get("op_chain"):
-        lines.append(f"      where: {where['op_chain']}")
+    if where.get("op_chain") and where["op_chain"] not in f["message"]:
+        lines += _wrapped("where: ", where["op_chain"])
     if where.get("kernel"):
         kernel = where["kernel"]
-        lines.append(f"      kernel: {kernel if len(kernel) <= KERNEL_WIDTH else kernel[:KERNEL_WIDTH - 3] + '...'}")
+        lines.append(f"{INDENT}kernel: {kernel if len(kernel) <= KERNEL_WIDTH else kernel[:KERNEL_WIDTH - 3] + '...'}")
     if where.get("source"):
         source = where["source"]
-        lines.append(f"      source: {source['file']}:{source['line']} ({source.get('function') or '?'})")
-    if impact["gpu_us_per_step"]:
-        spread = f.get("ranks", {}).get("gpu_us_per_step")
-        across = (f"; across ranks min {spread['min']:.1f}, median {spread['median']:.1f}, max {spread['max']:.1f} us"
-                  if spread else "")
-        also = f"; {f['subsumed_by']}'s fix includes this one" if f.get("subsumed_by") else ""
-        per, of = ("per step", "of step") if stepped else ("in the trace", "of the trace")
-        lines.append(f"      impact: ~{impact['gpu_us_per_step']:.1f} us GPU {per} "
-                     f"({100 * impact['share_of_step']:.1f}% {of}){across}{also}")
-    lines.append(f"      fix: {f['fix']}")
+        lines.append(f"{INDENT}source: {source['file']}:{source['line']} ({source.get('function') or '?'})")
+    spread = f.get("ranks", {}).get("gpu_us_per_step")
+    if spread:
+        lines.append(f"{INDENT}across ranks: min {fmt_ms(spread['min'])}, median {fmt_ms(spread['median'])}, "
+                     f"max {fmt_ms(spread['max'])}")
+    if impact.get("assumption"):
+        lines += _wrapped("assumes: ", impact["assumption"])
+    lines += _wrapped("fix: ", f["fix"])
+    for c in f.get("consequences", ()):
+        head = f"includes {c['rule']} {c['name']} ({c['severity']}, counted in this cause): {c['message']}"
+        cut = width() - len(INDENT)
+        lines.append(INDENT + (head if len(head) <= cut else head[:cut - 3] + "..."))
     return lines
+
+
+def skipped_line(skips: list[dict[str, Any]], style: Any, suffix: str = "") -> list[str]:
+    """Skipped rules on one line, grouped by reason: "skipped: AT101, AT102 (no GPU events); AT302 (...)"."""
+    if not skips:
+        return []
+    reasons: dict[str, list[str]] = {}
+    for skip in skips:
+        reasons.setdefault(skip["reason"], []).append(skip["rule"])
+    text = "; ".join(f"{', '.join(sorted(rules))} ({reason})" for reason, rules in sorted(reasons.items()))
+    return [style(f"  skipped{suffix}: {text}", dim=True)]
 
 
 def render(report: dict[str, Any], colour: bool) -> str:
@@ -69,8 +107,7 @@ def render(report: dict[str, Any], colour: bool) -> str:
             out.append("  no findings")
         for f in found:
             out += _finding(f, style, stepped=bool(trace["steps"]))
-        for skip in skipped.get(path, []):
-            out.append(style(f"  {skip['rule']} skipped: {skip['reason']}", dim=True))
+        out += skipped_line(skipped.get(path, []), style)
         out.append("")
     if report.get("job"):
         from attntrace.ranks import render_job
@@ -78,14 +115,17 @@ def render(report: dict[str, Any], colour: bool) -> str:
         out += render_job(report["job"])
         for f in report["findings"]:
             out += _finding(f, style)
-        for skip in report["skipped"]:
-            out.append(style(f"  {skip['rule']} skipped on {skip['ranks']} rank(s): {skip['reason']}", dim=True))
+        for ranks_skipped in sorted({s["ranks"] for s in report["skipped"]}):
+            out += skipped_line([s for s in report["skipped"] if s["ranks"] == ranks_skipped], style,
+                                f" on {ranks_skipped} rank(s)")
         out.append("")
     if report.get("baseline"):
         b = report["baseline"]
         out.append(f"baseline {b['path']}: {b['new']} new, {b['known']} known, {len(b['fixed'])} fixed")
         out += [f"  fixed: {e['rule']} in {e['trace']}: {e['message']}" for e in b["fixed"]]
     counts = report["summary"]["findings"]
-    out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; findings: "
-               f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+    nested = report["summary"].get("consequences", 0)
+    out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; causes: "
+               f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info"
+               + (f" ({nested} consequences inside them)" if nested else ""))
     return "\n".join(out) + "\n"
