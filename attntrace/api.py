@@ -65,6 +65,14 @@ class Finding:
         return list(self.where.get("steps") or [])
 
     @property
+    def consequences(self) -> list[Finding]:
+        """What this cause's fix also removes (findings of other rules, counted in this one's impact)."""
+        return [Finding.from_dict(c) for c in self.extra.get("consequences") or ()]
+
+    def and_consequences(self) -> list[Finding]:
+        return [self, *self.consequences]
+
+    @property
     def source(self) -> str | None:
         """file:line of the user's code that caused it, when the trace has Python stacks."""
         src = self.where.get("source")

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from attntrace.checks.base import trace_label
+from attntrace.lint import all_findings
 
 VERSION = 1
 
@@ -21,7 +22,7 @@ class BaselineError(Exception):
 
 def dump(report: dict[str, Any]) -> bytes:
     entries = sorted(({"fingerprint": f["fingerprint"], "rule": f["rule"], "trace": trace_label(f["trace"]),
-                       "message": f["message"]} for f in report["findings"]),
+                       "message": f["message"]} for f in all_findings(report)),
                      key=lambda e: (e["trace"], e["rule"], e["fingerprint"]))
     unique = list({e["fingerprint"]: e for e in entries}.values())
     return orjson.dumps({"attntrace_baseline": VERSION, "findings": unique}, option=orjson.OPT_INDENT_2) + b"\n"
@@ -65,7 +66,8 @@ def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -
         finding["baseline"] = "known" if finding["fingerprint"] in known else "new"
         seen.add(finding["fingerprint"])
         for consequence in finding.get("consequences", ()):
-            consequence["baseline"] = finding["baseline"]
+            consequence["baseline"] = "known" if consequence["fingerprint"] in known else "new"
+            seen.add(consequence["fingerprint"])
     linted = {trace_label(t["path"]) for t in report["traces"] if not t["error"]}
     fixed = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
     report["baseline"] = {

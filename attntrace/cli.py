@@ -34,7 +34,12 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
     if output in (None, "-"):
         if sys.stdout is None:  # started with stdout closed (>&-)
             raise click.ClickException("stdout is closed: give --output FILE")
-        sys.stdout.buffer.write(data)  # a failed write is one line, in _Group.invoke
+        # Under PYTHONUNBUFFERED stdout.buffer is a raw file, whose write may take only part of the data (a pipe
+        # whose reader left); write the rest until it is all out or the write fails (one line, in _Group.invoke).
+        view = memoryview(data)
+        while view:
+            written = sys.stdout.buffer.write(view)
+            view = view[written if written is not None else len(view):]
         sys.stdout.buffer.flush()
         return
     from attntrace.output import write_bytes

@@ -270,9 +270,11 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
 
 
 def finding_counts(trace: Any) -> str:
-    """The findings column of the run table: counts by severity ("2W 1I"), or "none"."""
+    """The findings column of the run table: causes by severity ("2W 1I"), or "none"; a cause's consequences
+    are inside it, not counted beside it."""
     from attntrace.lint import lint_trace
 
     report = lint_trace(trace)
-    counts = {s: sum(1 for f in report.findings if f["severity"] == s) for s in ("error", "warning", "info")}
+    counts = {s: sum(1 for f in report.findings if f["severity"] == s and "cause" not in f)
+              for s in ("error", "warning", "info")}
     return " ".join(f"{n}{s[0].upper()}" for s, n in counts.items() if n) or "none"

@@ -5,6 +5,7 @@ them back in input order, so the report is byte-identical to a local run. Dask i
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -28,6 +29,9 @@ def check(value: str) -> str:
     """The --scheduler value, or SchedulerError saying what is expected."""
     local = _LOCAL.match(value)
     if _ADDRESS.match(value) or (local and (local.group(1) is None or int(local.group(1)) > 0)):
+        # Asked before any trace is read: a missing extra is a usage error (exit 2), not a finding (exit 1).
+        if importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None:
+            raise SchedulerError("--scheduler needs Dask, which is not installed: pip install 'attntrace[dask]'")
         return value
     raise SchedulerError(f"{value!r} is not a scheduler: give tcp://HOST:PORT (an existing Dask cluster) "
                          "or local[:N] (N worker processes on this machine)")

@@ -13,6 +13,7 @@ from conftest import SAMPLES, sample
 
 from attntrace.annotate import CATEGORY, PROCESS_NAME
 from attntrace.cli import main
+from attntrace.lint import all_findings
 
 NAIVE = sample("bf16_causal_fwd/naive")
 SDPA_MATH = sample("bf16_causal_fwd/sdpa_math")
@@ -74,7 +75,7 @@ def test_each_finding_has_a_track_and_slices_covering_its_flagged_events(tmp_pat
     _, ours = annotation(events)
     report = lint_json(NAIVE)
     tracks = {e["tid"]: e["args"]["name"] for e in ours if e.get("name") == "thread_name"}
-    assert set(tracks.values()) == {f"{f['rule']} {f['name']}" for f in report["findings"]} and len(tracks) == 2
+    assert set(tracks.values()) == {f"{f['rule']} {f['name']}" for f in all_findings(report)} and len(tracks) == 2
     slices = [e for e in ours if e["ph"] == "X"]
     for finding in report["findings"]:
         mine = [s for s in slices if s["args"]["fingerprint"] == finding["fingerprint"]]

@@ -48,7 +48,10 @@ def test_sarif_validates_against_official_schema(paths):
 
 def test_sarif_points_at_user_source_with_stacks():
     _, out = lint(WITH_STACK, "--format", "sarif")
-    (result,) = [r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "AT101"]
+    (result,) = [r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "AT102"]
+    # The copy that fusing the attention removes is inside its cause, not a result of its own.
+    assert "AT101" not in {r["ruleId"] for r in json.loads(out)["runs"][0]["results"]}
+    assert [loc["message"]["text"][:5] for loc in result["relatedLocations"]] == ["AT101"]
     first = result["locations"][0]["physicalLocation"]
     assert first["artifactLocation"]["uri"] == "attntrace/capture/variants.py"
     assert first["region"]["startLine"] > 0
@@ -65,15 +68,17 @@ def test_json_report_validates_against_our_schema(paths):
 def test_github_annotations():
     code, out = lint(WITH_STACK, "--format", "github")
     assert code == 1
-    (line,) = [x for x in out.splitlines() if "AT101" in x]
+    (line,) = [x for x in out.splitlines() if "AT10" in x]  # one annotation for the cause and its consequence
     assert line.startswith("::warning file=attntrace/capture/variants.py,line=")
-    assert "title=AT101 hidden-copy::" in line and "\n" not in line
+    assert "title=AT102 materialized-scores::" in line and "\n" not in line
+    assert "%0AIncludes AT101 hidden-copy" in line
 
 
 def test_markdown_report():
     _, out = lint(WITH_FINDINGS, sample("bf16_causal_fwd/naive_inplace"), "--format", "markdown")
     assert out.startswith("## attntrace:")
-    assert "| trace" in out and "AT201 fp32-gemm" in out and "allow_fp16_bf16_reduction_math_sdp" in out
+    assert "| trace" in out and "AT202 sdpa-math-fallback" in out
+    assert "↳ includes AT201 fp32-gemm" in out  # the math backend's FP32 GEMMs, inside their cause
 
 
 def test_baseline_round_trip(tmp_path: Path):

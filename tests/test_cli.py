@@ -42,7 +42,8 @@ def test_bad_input_one_line_error_and_others_still_analysed(tmp_path: Path):
     assert "Traceback" not in result.output
     report = orjson.loads(result.stdout)
     assert [t["error"] is None for t in report["traces"]] == [False, True]
-    assert {"AT101", "AT102"} <= {f["rule"] for f in report["findings"]}
+    assert {f["rule"] for f in report["findings"]} >= {"AT102"}
+    assert "AT101" in {c["rule"] for f in report["findings"] for c in f.get("consequences", ())}
 
 
 def test_json_is_deterministic_and_complete():
@@ -175,3 +176,14 @@ def test_a_quoted_pattern_is_expanded_like_a_urls() -> None:
     assert result.exit_code == 0 and len(paths) == 5 and paths == sorted(paths)
     nothing = CliRunner().invoke(main, ["lint", str(Path(NAIVE).parent / "nothing*.json")])
     assert nothing.exit_code == 2 and "no trace file matches this pattern" in nothing.stderr
+
+
+def test_scheduler_without_dask_is_one_line_and_exit_2(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("dask", "distributed")
+                        else real(name, *a))
+    result = CliRunner().invoke(main, ["lint", sample("bf16_causal_fwd/naive"), "--scheduler", "local:2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "pip install 'attntrace[dask]'" in result.stderr and result.stderr.strip().count("\n") == 0

@@ -32,9 +32,13 @@ def lint(*args: str, input: bytes | None = None):
 
 # Runs the CLI in a fresh process and reports that process's own peak memory (KiB) on its last stderr line (at
 # exit: the CLI leaves without the interpreter's teardown, running the atexit functions).
-PEAK_RUNNER = ("import atexit, resource, runpy, sys\n"
-               "atexit.register(lambda: print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
-               "file=sys.stderr))\n"
+# The peak of this process's own memory (VmHWM, in KiB): ru_maxrss would also count the pytest process it was
+# forked from, since Linux keeps the high-water mark across exec.
+PEAK_RUNNER = ("import atexit, runpy, sys\n"
+               "def peak():\n"
+               "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+               "    print('peak', hwm.split()[1], file=sys.stderr)\n"
+               "atexit.register(peak)\n"
                "sys.argv = ['attntrace', *sys.argv[1:]]\n"
                "runpy.run_module('attntrace', run_name='__main__')\n")
 

@@ -567,3 +567,15 @@ def test_semaphores_left_at_exit_are_cleaned_up_without_a_warning() -> None:
     code = ("import os\nfrom attntrace import workers\nlock = workers.context().Lock()\nos._exit(0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_closed_pipe_exits_with_the_status_of_sigpipe_when_unbuffered():
+    # CI images often set PYTHONUNBUFFERED: stdout is then a raw file whose writes may be partial.
+    process = subprocess.Popen([*CLI, "lint", "--fail-on", "never", str(SAMPLES)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process.stdout.readline()
+    process.stdout.close()  # `| head -1`
+    err = process.stderr.read()
+    process.wait(timeout=300)
+    assert process.returncode == 128 + signal.SIGPIPE
+    assert b"Traceback" not in err

@@ -142,4 +142,5 @@ def test_lint_format_html_is_one_offline_file(tmp_path: Path):
     assert result.exit_code == 1  # naive has warnings: the exit code does not depend on the format
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "Plotly" in page and "<script src=" not in page
-    assert "AT101" in page and "masked_fill_" in page  # a finding and its fix
+    assert "AT102" in page and "scaled_dot_product_attention" in page  # a cause and its fix
+    assert "also removes (counted in it):<ul><li><b>AT101 hidden-copy" in page  # its consequence, inside it

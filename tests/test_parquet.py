@@ -28,8 +28,9 @@ def test_one_row_per_finding_with_the_documented_columns(tmp_path: Path):
     table = pl.read_parquet(out)
     assert dict(table.schema) == COLUMNS
     report = orjson.loads(_lint("--format", "json"))
-    assert table.height == len(report["findings"]) > 0
-    assert table["fingerprint"].to_list() == [f["fingerprint"] for f in report["findings"]]
+    every = [g for f in report["findings"] for g in (f, *f.get("consequences", ()))]
+    assert table.height == len(every) > len(report["findings"]) > 0
+    assert table["fingerprint"].to_list() == [f["fingerprint"] for f in every]
     first = report["findings"][0]
     assert orjson.loads(table["evidence"][0]) == orjson.loads(orjson.dumps(first["evidence"]))
     assert set(table["job"].to_list()) >= {"naive", "sdpa_math"}

@@ -76,13 +76,20 @@ def test_at203_silent_on_half_precision(name):
 
 # --- AT302 host-sync -------------------------------------------------------------------------------
 def test_at302_item_every_step():
-    (f,) = findings("workloads/gpt2_eager_train", "AT302")
+    # A loop that reads .item() after each of 4 MLP calls per step (bench/profiler_calibration.py).
+    (f,) = findings("calibration/mlp_item_sync.shapes", "AT302")
     assert f["where"]["op_chain"] == "aten::item > aten::_local_scalar_dense"
-    assert f["evidence"]["syncs_per_step"] == 1 and f["evidence"]["apis"] == ["cudaStreamSynchronize"]
+    assert f["evidence"]["syncs_per_step"] == 4 and f["evidence"]["apis"] == ["cudaStreamSynchronize"]
     idle = f["evidence"]["gpu_idle_us_after_each"]
-    assert len(idle) == 3 and idle[0] > 0 and idle[1] > 0
-    assert idle[2] is None  # the trace ends before the GPU runs again
-    assert ".item()" in f["message"]
+    assert all(i > 0 for i in idle[:-1])
+    assert idle[-1] is None  # the trace ends before the GPU runs again
+    assert ".item()" in f["message"] and "loss.detach()" in f["fix"]
+
+
+def test_at302_sync_whose_idle_is_the_profilers_is_no_finding():
+    # GPT-2 training logs loss.item() once per step: 91 us idle after it as recorded, none once the profiler's
+    # own CPU time before the next launch is taken out.
+    assert findings("workloads/gpt2_eager_train", "AT302") == []
 
 
 @pytest.mark.parametrize("name", ["workloads/gpt2_sdpa_train", "bf16_causal_fwd/naive",
@@ -94,9 +101,8 @@ def test_at302_silent_without_syncs(name):
 # --- AT402 gpu-idle --------------------------------------------------------------------------------
 def test_at402_launch_bound_step_idles():
     (f,) = findings("workloads/launch_bound_tiny_ops", "AT402")
-    assert f["evidence"]["idle_share"] > 0.8
-    assert "aten::add" in f["evidence"]["largest_gaps"][0]["cpu_ops"] or \
-        "aten::mul" in f["evidence"]["largest_gaps"][0]["cpu_ops"]
+    assert f["evidence"]["est_idle_share"] > 0.8 and f["evidence"]["recorded_idle_share"] > 0.8
+    assert "aten::add" in f["message"] or "aten::mul" in f["message"]
 
 
 @pytest.mark.parametrize("name", ["bf16_causal_fwd/naive", "bf16_causal_fwd/sdpa_math",

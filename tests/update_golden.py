@@ -21,7 +21,7 @@ def current() -> dict[str, list[dict]]:
     traces = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
     report = lint.run(traces, lint.default_settings(load_rules()))
     out: dict[str, list[dict]] = {t: [] for t in traces}
-    for f in report["findings"]:
+    for f in lint.all_findings(report):
         out[f["trace"]].append({"rule": f["rule"], "severity": f["severity"], "op_chain": f["where"]["op_chain"],
                                 "kernel": f["where"]["kernel"], "steps": f["where"]["steps"],
                                 "device": f["where"].get("device"), "fingerprint": f["fingerprint"],

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def runs() -> list[Path]:
-    return sorted((ROOT / "sample_traces").rglob("run.json"))
+    return sorted(p for p in (ROOT / "sample_traces").rglob("run.json") if b"\"variants\"" in p.read_bytes())
 
 
 def findings_now(path: Path) -> dict[str, str]:
@@ -25,14 +25,14 @@ def findings_now(path: Path) -> dict[str, str]:
     from attntrace.loading import load
 
     report = orjson.loads(path.read_bytes())
-    return {v["name"]: finding_counts(load(str(path.parent / v["trace"]))) for v in report["variants"]
+    return {v["name"]: finding_counts(load(str(path.parent / v["trace"]))) for v in report.get("variants", [])
             if v.get("trace") and "findings" in (v.get("numbers") or {})}
 
 
 def relinted(path: Path) -> dict[str, Any]:
     report = orjson.loads(path.read_bytes())
     now = findings_now(path)
-    for variant in report["variants"]:
+    for variant in report.get("variants", []):
         if variant["name"] in now:
             variant["numbers"]["findings"] = now[variant["name"]]
     for row in report.get("table") or []:

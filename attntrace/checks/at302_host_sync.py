@@ -106,6 +106,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         if idle_per_step < ctx.params["min_idle_us"]:
             continue
         step_us = est_step.get(rows[0]["device"]) or ctx.step_us
+        # The idle a sync causes lies inside its step: where the replayed step comes out shorter (a device whose
+        # steps the replay could not bound), the step as recorded is the denominator, and the idle stays within it.
+        if idle_per_step > step_us:
+            step_us = max(step_us, ctx.step_us)
+            idle_per_step = min(idle_per_step, step_us)
         share = idle_per_step / step_us if step_us else 0.0
         apis = sorted({r["name"] for r in rows})
         cause, fix = _cause(chain)
