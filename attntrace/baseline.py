@@ -1,7 +1,8 @@
 """Baselines: record today's findings by fingerprint, then fail only on findings that are new.
 
-A fingerprint hashes the rule, the trace's label and names (op chain, kernel), never timings, so a
-re-captured trace keeps the fingerprints of its known problems."""
+A fingerprint hashes the rule, the trace's identity (its path under the directory given, digit runs of its
+file name folded: model/identity.py) and names (op chain, kernel), never timings, so a re-captured trace keeps
+the fingerprints of its known problems and two traces never share one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 import orjson
 
-from attntrace.checks.base import trace_label
 from attntrace.lint import all_findings
 
 VERSION = 1
@@ -21,7 +21,8 @@ class BaselineError(Exception):
 
 
 def dump(report: dict[str, Any]) -> bytes:
-    entries = sorted(({"fingerprint": f["fingerprint"], "rule": f["rule"], "trace": trace_label(f["trace"]),
+    label = {t["path"]: t.get("label") or t["path"] for t in report["traces"]}
+    entries = sorted(({"fingerprint": f["fingerprint"], "rule": f["rule"], "trace": label[f["trace"]],
                        "message": f["message"]} for f in all_findings(report)),
                      key=lambda e: (e["trace"], e["rule"], e["fingerprint"]))
     unique = list({e["fingerprint"]: e for e in entries}.values())
@@ -68,7 +69,7 @@ def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -
         for consequence in finding.get("consequences", ()):
             consequence["baseline"] = "known" if consequence["fingerprint"] in known else "new"
             seen.add(consequence["fingerprint"])
-    linted = {trace_label(t["path"]) for t in report["traces"] if not t["error"]}
+    linted = {t.get("label") or t["path"] for t in report["traces"] if not t["error"]}
     fixed = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
     report["baseline"] = {
         "path": path,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from attntrace import model, reader, workers
+from attntrace.model.identity import trace_label
 from attntrace.reader import TraceError
 
 T = TypeVar("T")
@@ -50,7 +51,9 @@ def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model
     workers.warm_up_for([path])
     raw = reader.read(path, options)
     raw.path = display_path(path)
-    return model.build(raw)
+    trace = model.build(raw)
+    trace.label = trace_label(trace.path, tuple(map(display_path, options.roots)), trace.meta.rank)
+    return trace
 
 
 def guarded(path: str, work: Callable[[str], T]) -> T | InputError:

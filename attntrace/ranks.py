@@ -68,7 +68,8 @@ def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, An
 
     members: dict[str, list[dict[str, Any]]] = {}
     for finding in report["findings"]:
-        members.setdefault(finding["fingerprint"], []).append(finding)
+        # The same problem on every rank: one identity (rule and names), each rank's trace its own fingerprint.
+        members.setdefault(finding.get("identity") or finding["fingerprint"], []).append(finding)
     findings = []
     for same in members.values():
         same.sort(key=lambda f: rank_of[f["trace"]])

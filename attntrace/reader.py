@@ -106,6 +106,7 @@ class RawTrace:
 class ReadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
     salvage: bool = False  # analyse the complete events of a cut-off file instead of refusing it
+    roots: tuple[str, ...] = ()  # the directories given, which name the traces found in them (model/identity.py)
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
@@ -116,6 +117,24 @@ _ANY = msgspec.json.Decoder()
 
 
 _GLOB = re.compile(r"[*?\[]")
+
+
+def input_roots(paths: list[str]) -> tuple[str, ...]:
+    """The inputs that name a set of traces (directories, quoted patterns' directories, URL prefixes): a trace
+    found under one is known by its path relative to it (model/identity.py)."""
+    roots = []
+    for given in paths:
+        if given == "-":
+            continue
+        if _GLOB.search(given):
+            roots.append(os.path.dirname(given[:_GLOB.search(given).start()]) or ".")
+        elif given.endswith(TRACE_SUFFIXES):
+            continue
+        else:
+            with contextlib.suppress(OSError):
+                if "://" in given or Path(given).is_dir():
+                    roots.append(given)
+    return tuple(roots)
 
 
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
@@ -712,8 +731,21 @@ def _decode_tolerant(path: str, data: Buffer) -> RawTrace:
     except msgspec.DecodeError as exc:
         if "out of range" in str(exc):
             return _decode_out_of_range(path, data)
-        raise TraceError("not-json", _json_problem(exc)) from exc
+        document = _with_non_finite(data)
+        if document is None:
+            raise TraceError("not-json", _json_problem(exc)) from exc
     return _from_builtins(path, len(data), document)
+
+
+def _with_non_finite(data: Buffer) -> Any:
+    """The document of a writer that put Infinity, -Infinity or NaN where JSON has no such numbers (Python's
+    json.dumps does), those read as null; None when it is not JSON for another reason."""
+    if not any(token in data for token in (b"Infinity", b"NaN")):
+        return None
+    try:
+        return json.loads(bytes(data), parse_constant=lambda _: None)
+    except (ValueError, RecursionError):
+        return None
 
 
 # A number too large for a float, by its exponent (1e999) or its digits (over 308 of them, which msgspec also

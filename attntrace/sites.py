@@ -175,7 +175,7 @@ class _Finder:
             if backend == "math":
                 math_op = backend_op if backend_op is not None else op
                 device = trace.meta.device(trace.devices[0] if trace.devices else None)
-                reason, _ = at202._reason(self.ctx, op, device)
+                reason, _ = at202._reason(self.ctx, op, math_op, device)
                 call.keys.add(("AT202", f"{reason}|{' > '.join(trace.op_chain(math_op))}"))
             calls.append(call)
         return calls

@@ -76,7 +76,8 @@ def impact_problems(report: dict) -> list[str]:
     (each GPU microsecond counted once: subsumed ones left out) save more than the step, a copy faster than
     memory."""
     problems, per_trace = [], {}
-    for f in report["findings"]:
+    every = [g for f in report["findings"] for g in (f, *f.get("consequences", ()))]
+    for f in every:
         share = f["impact"]["share_of_step"]
         if share > 1.0:
             problems.append(f"{f['trace']}: {f['rule']} saves {share:.0%} of the step")

@@ -305,7 +305,9 @@ def test_lint_measured_uses_the_measured_saving_and_says_so(tmp_path: Path):
     assert finding["impact"]["share_of_step"] == pytest.approx(saved * ratio, rel=1e-3)
     assert "measured by `attntrace run --from-trace` on NVIDIA H200" in finding["message"]
     assert finding["evidence"]["measured"]["best_variant"] == "sdpa"
-    assert before["AT101"]["impact"] == next(f for f in after["findings"] if f["rule"] == "AT101")["impact"]
+    # The copy inside the attention is a consequence of it: its own impact is left as it was.
+    assert before["AT102"]["consequences"][0]["rule"] == "AT101"
+    assert before["AT102"]["consequences"][0]["impact"] == finding["consequences"][0]["impact"]
     text = CliRunner().invoke(main, ["lint", trace, "--measured", str(run_json), "--fail-on", "never"])
     assert "impact measured by" in text.stdout
 

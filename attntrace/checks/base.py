@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import PurePath
 from typing import Any
 
 import polars as pl
 
 from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule
 from attntrace.model import Trace
+from attntrace.model.identity import trace_label
 
 ITEM_SIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "int": 4, "long int": 8,
              "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1,
@@ -123,15 +122,19 @@ class Context:
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
                 device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
                 step_us: float | None = None) -> dict[str, Any]:
-        """A finding. The fingerprint hashes the rule, the trace's file name and a key made of names only
-        (op chain, kernel), never timings, so it survives re-captures of the same program.
+        """A finding. Its `identity` hashes the rule and a key made of names only (op chain, kernel), never
+        timings, so it survives re-captures of the same program; its `fingerprint` adds the trace's identity
+        (model/identity.py), so that two traces' findings never share one. Baselines use the fingerprint, `diff`
+        and `--group ranks` the identity within traces they pair.
 
         Its impact says what the fix saves per step (`saving`: GPU time, idle removed or CPU time) over which
         step (`step_us`, default the recorded step; rules about CPU-side time pass the step replayed without the
         profiler), and the assumption it rests on, if any; an estimate that rests on one is rounded to two
         significant figures. Without an explicit severity, it is the rule's when the saving reaches the rule's
         min_saving_share of the step, else info: a warning promises a saving worth acting on."""
-        digest = hashlib.sha256(f"{self.rule.id}|{trace_label(self.trace.path)}|{key}".encode()).hexdigest()[:16]
+        identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
+        label = self.trace.label or trace_label(self.trace.path, rank=self.trace.meta.rank)
+        digest = hashlib.sha256(f"{identity}|{label}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
             where = {**where, "source": source}
@@ -158,16 +161,8 @@ class Context:
             "impact": impact,
             "fix": fix,
             "fingerprint": digest,
+            "identity": identity,
         }
-
-
-def trace_label(path: str) -> str:
-    """The trace's file name without extensions and with digit runs folded, so that re-captures of one
-    program (tensorboard_trace_handler names files {worker}.{time_ns}.pt.trace.json) share fingerprints."""
-    name = PurePath(path).name
-    for suffix in (".gz", ".json", ".trace", ".pt"):
-        name = name.removesuffix(suffix)
-    return re.sub(r"\d+", "#", name)
 
 
 def count_per_step(total: int, steps: int, has_steps: bool, noun: str, plural: str | None = None) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import polars as pl
 
-from attntrace.checks.base import trace_label
 from attntrace.lint import all_findings
+from attntrace.model.identity import job_label
 
 COLUMNS: dict[str, Any] = {
     "job": pl.String,  # the trace's name with digit runs folded: the same for every rank of one job
@@ -44,7 +44,7 @@ def rows(report: dict[str, Any]) -> pl.DataFrame:
         where = f.get("where", {})
         steps = where.get("steps")
         out.append({
-            "job": trace_label(f["trace"]), "trace": f["trace"], "rank": where.get("rank"),
+            "job": job_label(f["trace"]), "trace": f["trace"], "rank": where.get("rank"),
             "device": where.get("device"), "device_name": where.get("device_name"), "rule": f["rule"],
             "name": f["name"], "severity": f["severity"], "fingerprint": f["fingerprint"], "message": f["message"],
             "op_chain": where.get("op_chain"), "kernel": where.get("kernel"),

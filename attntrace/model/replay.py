@@ -174,7 +174,8 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
 def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
                    costs: ProfilerCosts) -> tuple[pl.DataFrame, dict[str, float], dict[int, float]]:
     begin, finish = float(steps["ts"].min()), float(steps["end"].max())
-    inside = (pl.col("pid") == pid) & (pl.col("ts") >= begin) & (pl.col("ts") < finish)
+    # pid columns are text in traces where some pid is ("Spans", ""): compare as text, which fits both.
+    inside = (pl.col("pid").cast(pl.String) == str(pid)) & (pl.col("ts") >= begin) & (pl.col("ts") < finish)
     ops = trace.ops.filter(inside & ~pl.col("name").str.starts_with("ProfilerStep#"))
     launches = trace.launches.filter(inside)
     python = trace.python.filter(inside)

@@ -85,6 +85,7 @@ class Trace:
     flows: pl.DataFrame
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
     python: pl.DataFrame  # python_function frames (with_stack): name "file.py(line): func", pid, tid, ts, end
+    label: str = ""  # the trace's identity across runs (model/identity.py); its file name's when not set
     # Kept as rules ask: each op's ancestor chain, each op's decoded inputs, and results several rules use (AT102's
     # unfused attention chains, which AT101 also reads), keyed by the function and its parameters.
     _ancestors: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
