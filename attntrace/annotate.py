@@ -213,4 +213,9 @@ def targets_for(paths: list[str], out: str) -> dict[str, str]:
             if str(target) in mapping.values():
                 raise ValueError(f"--annotate: two inputs would both be written to {target}")
             mapping[path] = str(target)
+    # Asked before any trace is read: a refused target is a usage error, not a trace that could not be read.
+    inputs = {os.path.realpath(p) for p in mapping}
+    clash = next((t for t in sorted(mapping.values()) if os.path.realpath(t) in inputs), None)
+    if clash is not None:
+        raise ValueError(f"--annotate would overwrite the input {clash}: give another file or a directory")
     return mapping

@@ -59,6 +59,9 @@ class Rule:
         default = spec.default
         if isinstance(default, bool):
             return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        if isinstance(value, str) and value.strip().endswith("%") and spec.unit.startswith("fraction"):
+            # Every share is a fraction; "25%" says the same unambiguously.
+            value = _percent(value, f"{self.id}.{param}")
         try:
             if isinstance(default, int):
                 number: float = parse_size(value) if spec.unit == "bytes" else _whole(value)
@@ -73,7 +76,9 @@ class Rule:
         allowed = _outside(spec.unit, number)
         if allowed:
             what = "a ratio" if spec.unit == "x" else spec.unit
-            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {allowed})")
+            hint = (f"; for {number:g} percent write \"{number:g}%\" or {number / 100:g}"
+                    if spec.unit.startswith("fraction") and 1 < number <= 100 else "")
+            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {allowed}){hint}")
         return type(default)(number)
 
 
@@ -92,6 +97,13 @@ def parse_size(value: Any) -> int:
     if not math.isfinite(size) or size != int(size):
         raise ValueError(value)
     return int(size)
+
+
+def _percent(value: str, name: str) -> float:
+    try:
+        return float(value.strip()[:-1]) / 100
+    except ValueError as exc:
+        raise ValueError(f"{name}: {value!r} is not a percentage such as 25%") from exc
 
 
 def _whole(value: Any) -> int:

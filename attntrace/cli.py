@@ -9,6 +9,7 @@ import importlib.util
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from functools import partial
@@ -199,7 +200,7 @@ def _summarize_path(path: str, options: Any) -> dict[str, Any]:
     return {"path": trace.path, **summarize(trace)}
 
 
-@main.command()
+@main.command(short_help="Per-step numbers of traces: GPU busy, kernels, copies.")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
@@ -229,10 +230,10 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
 
 
 # --- run ------------------------------------------------------------------------------------------
-@main.command()
+@main.command(short_help="Profile each attention implementation and compare.")
 @click.option("--variants", default="all", show_default=True,
               help="Comma-separated variant names, or all (those that fit the scenario).")
-@click.option("--batch", type=int, default=None, help="[default: 4 on cuda, 1 on cpu]")
+@click.option("--batch", type=int, default=None, help="Sequences per call.  [default: 4 on cuda, 1 on cpu]")
 @click.option("--heads", type=int, default=None, help="Query heads.  [default: 16 on cuda, 2 on cpu]")
 @click.option("--kv-heads", type=int, default=None,
               help="Key/value heads: fewer than --heads is grouped-query attention, 1 is multi-query.")
@@ -243,14 +244,16 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
 @click.option("--window", type=int, default=None, help="Causal sliding window: each query sees its last N keys.")
 @click.option("--varlen", is_flag=True,
               help="Variable lengths (a quarter of --seq up to all of it): padded batch vs jagged tensors.")
-@click.option("--head-dim", type=int, default=64, show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--head-dim", type=int, default=64, show_default=True, help="Features per head (D).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
+              help="Precision of q, k and v.")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--backward", is_flag=True, help="Profile forward plus backward.")
 @click.option("--steps", type=int, default=3, show_default=True, help="Profiled steps (one call each).")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Calls before timing (compiles too).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="attntrace-out", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="attntrace-out", show_default=True,
+              help="Directory for the traces, run.json and report.html (created; files in it are replaced).")
 @click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (findings then name your source lines).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -304,9 +307,12 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         names = options.variant_names(variants, shape)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--variants") from exc
-    # Arguments are checked above, before torch's import (seconds) below.
+    # Arguments are checked above, before torch's import (seconds) below. What torch warns at import (no NumPy)
+    # is kept in run.json with the variants' warnings, not printed over the table.
     try:
-        from attntrace.capture import runner
+        with warnings.catch_warnings(record=True) as import_warnings:
+            warnings.simplefilter("always")
+            from attntrace.capture import runner
     except ImportError as exc:
         raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
     from attntrace.compare import analyse_run, header_line, peak_line, render, verdict
@@ -320,6 +326,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
             meta, results = runner.run(config, progress=progress)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
+    meta["import_warnings"] = sorted({str(w.message) for w in import_warnings})
     report = analyse_run(meta, [asdict(r) for r in results], lint=not no_lint)
     Path(out_dir, "run.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     page = _write_run_html(Path(out_dir), report, not no_lint)
@@ -330,7 +337,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         click.echo(render(report["table"], backward))
         click.echo(peak_line(report))
         click.echo(verdict(report))
-        warned = sum(len(r.warnings) for r in results)
+        warned = sum(len(r.warnings) for r in results) + len(meta["import_warnings"])
         files = f"traces, run.json{' and report.html' if page else ''}"
         click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
     if any(r.status == "failed" for r in results):
@@ -479,7 +486,7 @@ def _split(value: str | None) -> list[str]:
 LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"]
 
 
-@main.command()
+@main.command(short_help="Lint traces: the causes that make attention slow.")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(LINT_FORMATS), default="text", show_default=True,
               help="html: one self-contained page with charts (needs pip install 'attntrace[html]').")
@@ -598,7 +605,7 @@ RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends
                "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost"}
 
 
-@main.command()
+@main.command(short_help="List the rule catalogue.")
 def rules() -> None:
     """List the rule catalogue."""
     from tabulate import tabulate
@@ -618,7 +625,7 @@ def rules() -> None:
     click.echo(tabulate(rows, headers=["id", "name", "severity", "detects"], tablefmt="simple"))
 
 
-@main.command()
+@main.command(short_help="Print one rule's documentation and parameters.")
 @click.argument("rule")
 def explain(rule: str) -> None:
     """Print one rule's documentation and parameters (by id or name)."""
@@ -643,7 +650,7 @@ def explain(rule: str) -> None:
 
 
 # --- diff -----------------------------------------------------------------------------------------
-@main.command()
+@main.command(short_help="Compare two traces or directories; gate regressions.")
 @click.argument("base")
 @click.argument("new")
 @click.option("--fail-over", type=click.FloatRange(min=0), default=None, metavar="PCT",

@@ -1,18 +1,24 @@
 """`attntrace diff BASE NEW`: per-step time, kernel counts by class, copies, launches and findings of two
-traces (or two directories of traces matched by name), with the spread across steps kept in view so that
-noise is not called a regression."""
+traces (or two directories of traces matched by name). A step-time change is judged on steady steps: their
+medians, and a one-sided Welch test on log step times for the confidence that the new steps are slower
+(stats.py), so that warm-up and step-to-step noise are not called a regression and a real one is. Findings
+are matched by the identity the baseline uses (model/identity.py): a pair's two traces get one name."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import trace_label
+from attntrace import stats
 from attntrace.lint import TraceReport, lint_trace
 from attntrace.loading import InputError, guarded, load
+from attntrace.model.identity import trace_label
 from attntrace.reader import discover
+
+CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
 
 METRICS = ("step_us", "gpu_busy_us", "cpu_us", "kernels", "memcpy", "memset", "launches", "launch_cpu_us")
 
@@ -24,7 +30,7 @@ def pairs(base: str, new: str) -> list[tuple[str | None, str | None]]:
 
     def by_label(root: str) -> dict[str, str]:
         found = [item[0] for item in discover([root]) if isinstance(item, tuple)]
-        return {trace_label(str(Path(p).relative_to(root))): p for p in found}
+        return {trace_label(os.path.relpath(p, root)): p for p in found}
 
     left, right = by_label(base), by_label(new)
     return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))]
@@ -36,18 +42,42 @@ def _classes(trace: Any, steps: int) -> dict[str, float]:
     return {cls: n / max(steps, 1) for cls, n in counts.iter_rows()}
 
 
-def _key(f: dict[str, Any]) -> tuple[str, str, str]:
-    # Match findings across two different traces by what they are, not by the trace they came from.
-    return f["rule"], f["where"].get("op_chain") or "", f["where"].get("kernel") or ""
-
-
-def _analyse(path: str) -> tuple[Any, TraceReport]:
+def _analyse(path: str, label: str) -> tuple[Any, TraceReport]:
     trace = load(path)
+    trace.label = label  # both traces of a pair by one name: their findings' fingerprints then compare
     return trace, lint_trace(trace)
 
 
-def compare_pair(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
-    results = [guarded(p, _analyse) for p in (base, new)]
+def _per_step(trace: Any, column: str) -> list[float]:
+    """One value per steady-state step: the largest over the step's devices (the step lasts as its slowest)."""
+    table = trace.step_table.filter(~pl.col("capture"))
+    return [float(v) for v in table.group_by("step").agg(pl.col(column).max()).sort("step")[column].to_list()]
+
+
+def _host_or_program(bt: Any, nt: Any, metrics: dict[str, Any]) -> str | None:
+    """Why the step changed, where the traces can say: the GPU's work, the CPU's work (more ops or launches per
+    step), or only the speed of the host (the same CPU work, each runtime call slower by about as much)."""
+    gpu = metrics["gpu_busy_us"]["change_pct"] or 0.0
+    launches = metrics["launches"]
+    same_work = all(abs(metrics[m]["new"] - metrics[m]["base"]) <= 0.01 * max(metrics[m]["base"], 1.0)
+                    for m in ("kernels", "launches"))
+    if abs(gpu) >= 5.0:
+        return f"the GPU's work changed ({gpu:+.0f}% busy per step)"
+    if not same_work:
+        return (f"the CPU's work changed ({metrics['launches']['base']:g} -> {metrics['launches']['new']:g} "
+                f"launches, {metrics['kernels']['base']:g} -> {metrics['kernels']['new']:g} kernels per step)")
+    if launches["base"] and launches["new"] and metrics["launch_cpu_us"]["base"]:
+        per_launch = (metrics["launch_cpu_us"]["new"] / launches["new"]) / (
+            metrics["launch_cpu_us"]["base"] / launches["base"])
+        if per_launch >= 1.3:
+            return (f"the same GPU and CPU work, each launch call {per_launch:.1f}x slower: the host ran slower "
+                    "(another machine, CPU frequency, load, or the profiler's settings), not the program's work")
+    return None
+
+
+def compare_pair(base: str, new: str, fail_over: float | None, label: str | None = None) -> dict[str, Any]:
+    name = label or trace_label(new)  # the pair by one name: the new trace's, as a baseline of it would have
+    results = [guarded(p, lambda path: _analyse(path, name)) for p in (base, new)]
     errors = [r for r in results if isinstance(r, InputError)]
     if errors:
         return {"base": base, "new": new, "errors": [f"{e.path}: {e.message}" for e in errors],
@@ -64,23 +94,31 @@ def compare_pair(base: str, new: str, fail_over: float | None) -> dict[str, Any]
             "new_range": [float(n.min() or 0.0), float(n.max() or 0.0)],
             "change_pct": 100.0 * (n_mean - b_mean) / b_mean if b_mean else None,
         }
-    step = metrics["step_us"]
-    # A change is real only when the two ranges across steps do not overlap.
-    outside_noise = step["new_range"][0] > step["base_range"][1] or step["new_range"][1] < step["base_range"][0]
-    regression = bool(fail_over is not None and outside_noise and step["change_pct"] is not None
-                      and step["change_pct"] > fail_over)
-    before = {_key(f): f for f in br.findings}
-    after = {_key(f): f for f in nr.findings}
+    change = stats.compare(_per_step(bt, "step_us"), _per_step(nt, "step_us"))
+    busy = stats.compare(_per_step(bt, "gpu_busy_us"), _per_step(nt, "gpu_busy_us"))
+    metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
+    step = {"base_median": round(change.base_median, 3), "new_median": round(change.new_median, 3),
+            "change_pct": None if change.change_pct is None else round(change.change_pct, 3),
+            "confidence_slower": round(change.confidence, 4),
+            "steady_steps": {"base": change.base_steps, "new": change.new_steps}}
+    outside_noise = change.confidence >= CONFIDENCE or change.confidence <= 1 - CONFIDENCE
+    regression = bool(fail_over is not None and change.confidence >= CONFIDENCE and change.change_pct is not None
+                      and change.change_pct > fail_over)
+    # Every finding, consequences too, by fingerprint: what a baseline of the base trace holds.
+    before = {f["fingerprint"]: f for f in br.findings}
+    after = {f["fingerprint"]: f for f in nr.findings}
     changed = []
     for key in sorted(set(before) & set(after)):
         b_us, n_us = before[key]["impact"]["gpu_us_per_step"], after[key]["impact"]["gpu_us_per_step"]
         if abs(n_us - b_us) > 0.1 * max(b_us, 1.0):
-            changed.append({"rule": key[0], "message": after[key]["message"], "base_gpu_us_per_step": b_us,
-                            "new_gpu_us_per_step": n_us})
+            changed.append({"rule": after[key]["rule"], "message": after[key]["message"],
+                            "base_gpu_us_per_step": b_us, "new_gpu_us_per_step": n_us})
     return {
         "base": base, "new": new, "errors": [],
         "steps": {"base": bs.height, "new": ns.height},
         "metrics": metrics,
+        "step": step,
+        "why": _host_or_program(bt, nt, metrics) if outside_noise else None,
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
         "findings": {
             "new": [_brief(after[k]) for k in sorted(set(after) - set(before))],
@@ -142,10 +180,16 @@ def render(result: dict[str, Any]) -> str:
             out += [f"  {label}: {f['rule']} {f['message']}" for f in c["findings"][label]]
         out += [f"  changed: {f['rule']} {f['base_gpu_us_per_step']:.1f} -> {f['new_gpu_us_per_step']:.1f} us/step"
                 for f in c["findings"]["changed"]]
-        step = c["metrics"]["step_us"]
+        step = c["step"]
+        pct = "" if step["change_pct"] is None else f" ({step['change_pct']:+.1f}%)"
         verdict = ("REGRESSION" if c["regression"] else
-                   "change outside the step-to-step spread" if c["outside_noise"] else "within noise")
-        out.append(f"  step time {step['base']:.1f} -> {step['new']:.1f} us: {verdict}")
+                   "a real change, under --fail-over" if c["outside_noise"] and result["fail_over_pct"] is not None
+                   else "a real change" if c["outside_noise"] else "within noise")
+        out.append(f"  step time {step['base_median']:.1f} -> {step['new_median']:.1f} us{pct}, medians of "
+                   f"{step['steady_steps']['base']} and {step['steady_steps']['new']} steady steps, "
+                   f"{100 * step['confidence_slower']:.0f}% confident the new one is slower: {verdict}")
+        if c.get("why"):
+            out.append(f"  why: {c['why']}")
         out.append("")
     out += [f"only in {'base' if u['base'] else 'new'}: {u['base'] or u['new']}" for u in result["unmatched"]]
     return "\n".join(out) + "\n"

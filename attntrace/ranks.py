@@ -9,11 +9,12 @@ import statistics
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
+from attntrace.model.identity import RANK_IN_NAME
+
 if TYPE_CHECKING:
     from attntrace.lint import TraceReport
     from attntrace.model import Trace
 
-RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
 SLOWEST_SHOWN = 3
 
 

@@ -106,7 +106,6 @@ class RawTrace:
 class ReadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
     salvage: bool = False  # analyse the complete events of a cut-off file instead of refusing it
-    roots: tuple[str, ...] = ()  # the directories given, which name the traces found in them (model/identity.py)
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
@@ -117,24 +116,6 @@ _ANY = msgspec.json.Decoder()
 
 
 _GLOB = re.compile(r"[*?\[]")
-
-
-def input_roots(paths: list[str]) -> tuple[str, ...]:
-    """The inputs that name a set of traces (directories, quoted patterns' directories, URL prefixes): a trace
-    found under one is known by its path relative to it (model/identity.py)."""
-    roots = []
-    for given in paths:
-        if given == "-":
-            continue
-        if _GLOB.search(given):
-            roots.append(os.path.dirname(given[:_GLOB.search(given).start()]) or ".")
-        elif given.endswith(TRACE_SUFFIXES):
-            continue
-        else:
-            with contextlib.suppress(OSError):
-                if "://" in given or Path(given).is_dir():
-                    roots.append(given)
-    return tuple(roots)
 
 
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:

@@ -136,6 +136,7 @@ def test_annotate_refuses_stdin_and_overwriting_the_input(tmp_path: Path):
     result = invoke("lint", str(copy), "--annotate", str(copy), "--fail-on", "never")
     assert result.exit_code == 2 and "overwrite" in result.stderr and result.stderr.count("\n") == 1
     assert copy.read_bytes() == before
+    assert "unreadable" not in result.stdout  # refused before the run: the trace is not counted as unreadable
 
 
 def test_annotate_leaves_the_report_unchanged(tmp_path: Path):

@@ -157,3 +157,25 @@ def test_run_all_variants_on_gpu(tmp_path: Path):
     assert result.exit_code == 0, result.output
     report = orjson.loads((tmp_path / "run.json").read_bytes())
     assert all(v["status"] != "failed" for v in report["variants"])
+
+
+def test_run_on_cpu_prints_the_table_and_keeps_torchs_import_warnings(tmp_path: Path):
+    # In a process of its own: torch's warnings at import (no NumPy) only show on a first import.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "attntrace", "run", "--device", "cpu", "--variants",
+                           "naive,sdpa_flash", "--steps", "1", "--warmup", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "skipped:" not in done.stderr and "Warning" not in done.stderr  # the table says why sdpa_flash skipped
+    assert "skipped: needs cuda" in done.stdout
+    report = orjson.loads((tmp_path / "run.json").read_bytes())
+    assert isinstance(report["import_warnings"], list)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
+def test_run_without_cuda_says_what_to_do_in_one_line(tmp_path: Path):
+    result = CliRunner().invoke(main, ["run", "--steps", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr.strip().count("\n") == 0
+    assert "--device cpu" in result.stderr and "Traceback" not in result.output

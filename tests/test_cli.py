@@ -187,3 +187,27 @@ def test_scheduler_without_dask_is_one_line_and_exit_2(monkeypatch):
     result = CliRunner().invoke(main, ["lint", sample("bf16_causal_fwd/naive"), "--scheduler", "local:2"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "pip install 'attntrace[dask]'" in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+def test_help_describes_every_option_and_cuts_no_command_description():
+    top = CliRunner().invoke(main, ["--help"]).output
+    assert "..." not in top.split("Commands:")[1]
+    for command in ("run", "lint", "summary", "diff", "rules", "explain"):
+        assert f"  {command} " in top
+    helped = CliRunner().invoke(main, ["run", "--help"]).output
+    for option in ("--batch", "--head-dim", "--dtype", "--out "):
+        line = next(x for x in helped.splitlines() if x.strip().startswith(option.strip()))
+        assert not line.split(None, 2)[-1].startswith("[default"), line
+
+
+@pytest.mark.parametrize("value", ["0.25", "25%"])
+def test_a_share_parameter_takes_a_fraction_or_a_percentage(value):
+    report = orjson.loads(CliRunner().invoke(main, [
+        "lint", sample("workloads/low_occupancy_kernel"), "--select", "AT401", "--set",
+        f"AT401.max_occupancy={value}", "--format", "json", "--fail-on", "never"]).stdout)
+    assert [f["rule"] for f in report["findings"]] == ["AT401"]
+
+
+def test_a_bare_percentage_for_a_fraction_is_refused_with_the_spelling_that_works():
+    result = CliRunner().invoke(main, ["lint", NAIVE, "--set", "AT401.max_occupancy=25"])
+    assert result.exit_code == 2 and '"25%" or 0.25' in result.stderr

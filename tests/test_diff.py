@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import orjson
+import pytest
 from click.testing import CliRunner
 from conftest import SAMPLES, sample
 
@@ -46,3 +50,60 @@ def test_directories_matched_by_name():
     assert sorted(c["base"].rsplit("/", 1)[1] for c in result["comparisons"]) == [
         "naive.pt.trace.json.gz", "sdpa_math.pt.trace.json.gz"]
     assert len(result["unmatched"]) == 8
+
+
+def test_a_2x_step_is_a_regression_with_its_confidence_and_why():
+    # FlexAttention causal vs grouped-query: the same kernel time, the step 2.4x as recorded.
+    code, result = diff(sample("bf16_causal_fwd/flex"), sample("bf16_gqa_fwd/flex"), "--fail-over", "5")
+    (c,) = result["comparisons"]
+    assert code == 1 and c["regression"]
+    assert c["step"]["change_pct"] > 100 and c["step"]["confidence_slower"] >= 0.95
+    assert c["step"]["steady_steps"] == {"base": 2, "new": 2}  # the slow first step of each left out
+    assert "host ran slower" in c["why"] and abs(c["metrics"]["gpu_busy_us"]["change_pct"]) < 2
+
+
+@pytest.mark.parametrize("variant", ["naive", "naive_inplace", "sdpa_math", "compiled", "sdpa_efficient",
+                                     "triton"])
+def test_a_recapture_of_the_same_program_is_not_a_regression(variant):
+    code, result = diff(sample(f"bf16_causal_fwd/{variant}"), sample(f"bf16_causal_fwd_v2/{variant}"),
+                        "--fail-over", "5")
+    (c,) = result["comparisons"]
+    assert code == 0 and not c["regression"] and abs(c["step"]["change_pct"]) < 5
+    assert c["findings"]["new"] == [] and c["findings"]["fixed"] == []
+
+
+def test_diff_and_the_baseline_use_one_identity(tmp_path: Path):
+    # A trace re-captured in place after the masked_fill_ fix: the unfused attention is the same cause, known to
+    # the baseline written before the fix, and neither new nor fixed in a diff against the saved earlier capture.
+    trace, saved = tmp_path / "attention.pt.trace.json.gz", tmp_path / "saved" / "attention.pt.trace.json.gz"
+    saved.parent.mkdir()
+    shutil.copy(NAIVE, trace)
+    shutil.copy(NAIVE, saved)
+    baseline = tmp_path / "baseline.json"
+    CliRunner().invoke(main, ["lint", str(trace), "--write-baseline", str(baseline), "--fail-on", "never"])
+    shutil.copy(INPLACE, trace)
+    linted = orjson.loads(CliRunner().invoke(main, ["lint", str(trace), "--baseline", str(baseline), "--format",
+                                                    "json"]).stdout)
+    _, result = diff(str(saved), str(trace))
+    (c,) = result["comparisons"]
+    known = {f["fingerprint"] for f in linted["findings"] if f["baseline"] == "known"}
+    assert [(f["rule"], f["baseline"]) for f in linted["findings"]] == [("AT102", "known")]
+    assert c["findings"]["new"] == [] and [f["rule"] for f in c["findings"]["fixed"]] == ["AT101"]
+    assert known and [e["rule"] for e in linted["baseline"]["fixed"]] == ["AT101"]  # the copy, gone in both
+
+
+def test_a_directory_baseline_has_one_entry_per_finding_and_knows_no_other_traces(tmp_path: Path):
+    baseline = tmp_path / "baseline.json"
+    result = CliRunner().invoke(main, ["lint", str(SAMPLES), "--write-baseline", str(baseline), "--format", "json",
+                                       "--fail-on", "never"])
+    report = orjson.loads(result.stdout)
+    every = [g for f in report["findings"] for g in (f, *f.get("consequences", ()))]
+    entries = orjson.loads(baseline.read_bytes())["findings"]
+    assert len(entries) == len(every) == len({f["fingerprint"] for f in every})
+    # A baseline of one directory: the same variants elsewhere are other traces, their findings new.
+    small = tmp_path / "bf16.json"
+    CliRunner().invoke(main, ["lint", str(SAMPLES / "bf16_causal_fwd"), "--write-baseline", str(small),
+                              "--fail-on", "never"])
+    other = CliRunner().invoke(main, ["lint", str(SAMPLES / "fp32_causal_fwd"), str(SAMPLES / "bf16_window_fwd"),
+                                      "--baseline", str(small), "--format", "json", "--fail-on", "never"])
+    assert all(f["baseline"] == "new" for f in orjson.loads(other.stdout)["findings"])

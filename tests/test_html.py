@@ -55,11 +55,15 @@ class Figures(HTMLParser):
         figure = self.stack[-1][1] if self.stack else None
         if tag == "div" and "plotly-graph-div" in cls and a.get("id"):
             figure = a["id"]
-            self.figures[figure] = {"bar_traces": [], "legend": [], "points": []}
+            self.figures[figure] = {"bar_traces": [], "dot_traces": [], "legend": [], "points": []}
         if figure and tag == "g" and cls == "trace bars":
             self.figures[figure]["bar_traces"].append(0)
         if figure and tag == "g" and cls == "point" and self.figures[figure]["bar_traces"]:
             self.figures[figure]["bar_traces"][-1] += 1
+        if figure and tag == "g" and cls.startswith("trace scatter"):
+            self.figures[figure]["dot_traces"].append(0)
+        if figure and tag == "path" and cls == "point" and self.figures[figure]["dot_traces"]:
+            self.figures[figure]["dot_traces"][-1] += 1
         if figure and tag == "text" and cls == "legendtext":
             self.figures[figure]["legend"].append(a.get("data-unformatted"))
         if tag == "svg":
@@ -118,8 +122,12 @@ def test_run_page_charts_one_bar_per_variant(tmp_path: Path):
     dom = render(page, tmp_path)
     assert dom.errors == []
     ok = [r for r in run["table"] if r["status"] == "ok"]
-    for chart in ("chart-gpu_ms", "chart-tflops", "chart-kernels"):
+    # Time on a log scale is dots (a bar's length there would start wherever the axis does); counts and
+    # throughput are bars on linear axes from zero.
+    assert dom.figures["chart-gpu_ms"]["dot_traces"] == [len(ok)] and dom.figures["chart-gpu_ms"]["bar_traces"] == []
+    for chart in ("chart-tflops", "chart-kernels"):
         assert dom.figures[chart]["bar_traces"] == [len(ok)], chart
+    assert page.count('"rangemode":"tozero"') == 2
     assert len([f for f in dom.figures if f.startswith("timeline-")]) == len(ok)
 
 
@@ -132,8 +140,8 @@ def test_cpu_run_writes_a_report_page(tmp_path: Path):
     assert result.exit_code == 0, result.output
     dom = render((out / "report.html").read_text(), tmp_path)
     assert dom.errors == []
-    # On the CPU there are no kernels: time is wall-clock, one bar per variant.
-    assert dom.figures["chart-event_ms"]["bar_traces"] == [2]
+    # On the CPU there are no kernels: time is wall-clock, one dot per variant (log scale).
+    assert dom.figures["chart-event_ms"]["dot_traces"] == [2]
 
 
 def test_lint_format_html_is_one_offline_file(tmp_path: Path):
@@ -144,3 +152,17 @@ def test_lint_format_html_is_one_offline_file(tmp_path: Path):
     assert page.startswith("<!DOCTYPE html>") and "Plotly" in page and "<script src=" not in page
     assert "AT102" in page and "scaled_dot_product_attention" in page  # a cause and its fix
     assert "also removes (counted in it):<ul><li><b>AT101 hidden-copy" in page  # its consequence, inside it
+
+
+def test_a_rule_has_one_colour_on_every_trace_and_none_is_a_kernel_classs():
+    assert not set(html.RULE_COLOURS.values()) & set(html.COLOURS.values())
+    report = api.lint([sample("bf16_causal_fwd/naive"), sample("fp32_causal_fwd/naive")])
+    colours = {}
+    for trace in report.traces:
+        figure = html.timeline_figure(report.timelines[trace.path], "t")
+        for bar in figure.data:
+            if bar.name.startswith("flagged: "):
+                colours.setdefault(bar.name, set()).add(bar.marker.color)
+    assert colours and all(len(c) == 1 for c in colours.values())
+    page = report.to_html()
+    assert "tensor-core share of GEMM time</td><td>100%" in page  # a share as a percentage, not 1.0

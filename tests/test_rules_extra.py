@@ -109,3 +109,18 @@ def test_at402_launch_bound_step_idles():
                                   "workloads/low_occupancy_kernel"])
 def test_at402_silent_when_gpu_bound(name):
     assert findings(name, "AT402") == []
+
+
+def test_at102_finds_the_unfused_chain_without_shapes():
+    # Llama training with eager attention recorded without record_shapes (bench/profiler_calibration.py).
+    (f,) = findings("calibration/llama_train_eager.plain", "AT102")
+    assert f["evidence"]["shapes"] is False and "size estimated" in f["message"]
+    assert "aten::softmax" in f["where"]["op_chain"] and f["impact"]["gpu_us_per_step"] > 0
+    (shaped,) = findings("calibration/llama_train_eager.shapes", "AT102")
+    assert shaped["where"]["op_chain"] == f["where"]["op_chain"]  # the same chain as with shapes
+
+
+@pytest.mark.parametrize("name", ["calibration/llama_train_sdpa.plain", "calibration/bert_infer_fp16.plain",
+                                  "calibration/vit_small_infer.plain"])
+def test_at102_without_shapes_is_silent_on_fused_attention(name):
+    assert findings(name, "AT102") == []

@@ -387,14 +387,17 @@ def _full_text(exc: BaseException, reasons: list[str]) -> str:
 def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, Any], list[VariantResult]]:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+        raise RuntimeError(f"--device cuda, but torch {torch.__version__} sees no CUDA device: run on a GPU machine "
+                           "with a CUDA build of torch, or pass --device cpu (naive, math and sdpa at small shapes)")
     config.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for index, name in enumerate(config.variants, 1):
         progress(f"[{index}/{len(config.variants)}] {name}")
         result = run_variant(VARIANTS[name], config, device)
-        if result.status != "ok":
-            progress(f"    {result.status}: {result.reason}")
+        # A failure is a diagnostic worth a line as it happens; a skipped variant is one row of the table, which
+        # says why.
+        if result.status == "failed":
+            progress(f"    {name} failed: {result.reason}")
         results.append(result)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -9,6 +9,7 @@ import polars as pl
 
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us
 from attntrace.checks.measure_hint import point_to_measurement
+from attntrace.peaks import device_peaks
 
 SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}
 MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"}
@@ -134,7 +135,67 @@ def _unfused_chains(ctx: Context, min_seq: int) -> tuple[dict[str, list[Hit]], l
     return groups, sequence, position
 
 
+def _chain_by_names(ctx: Context, softmax: int, sequence: list[int], position: dict[int, int]) -> list[int] | None:
+    """Without recorded shapes: a matmul-like op shortly before the softmax and one shortly after it, with no
+    other matmul between them (scale, mask and dropout ops only): the unfused attention's op pattern."""
+    names = ctx.trace.op_names
+    at = position.get(softmax)
+    if at is None:
+        return None
+    start = next((i for i in range(at - 1, max(-1, at - LOOK_BACK), -1) if names[sequence[i]] in MATMUL), None)
+    end = next((i for i in range(at + 1, min(len(sequence), at + LOOK_AHEAD)) if names[sequence[i]] in MATMUL),
+               None)
+    if start is None or end is None:
+        return None
+    return sequence[start:end + 1]
+
+
+def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
+    """AT102 on a trace recorded without record_shapes: the chain is found by its op names; the score tensor's
+    size cannot be read; the softmax kernels' time bounds it (softmax reads and writes the tensor once, at most
+    at the device's memory bandwidth), and the message says it is an estimate."""
+    names = ctx.trace.op_names
+    candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(SOFTMAX)))
+    sequence, position = _thread_sequence(ctx) if candidates.height else ([], {})
+    groups: dict[str, list[tuple[int, int, list[int]]]] = defaultdict(list)
+    for op, step in candidates.select("idx", "step").iter_rows():
+        if any(SDPA in names[a] or "autograd::engine" in names[a] for a in ctx.trace.op_ancestors(op)):
+            continue
+        chain = _chain_by_names(ctx, op, sequence, position)
+        if chain is not None:
+            groups[" > ".join(names[o] for o in chain)].append((op, step, chain))
+    peaks = device_peaks(ctx.trace.device_name(ctx.trace.devices[0] if ctx.trace.devices else None))
+    findings = []
+    for pattern, hits in sorted(groups.items()):
+        launched = ctx.gpu_under({o for _, _, chain in hits for o in chain[1:-1]})
+        if not launched.height:
+            continue
+        us_per_step = float(launched["dur"].sum()) / ctx.step_count
+        softmax_us = float(ctx.gpu_under({op for op, _, _ in hits})["dur"].sum()) / len(hits)
+        estimated = (softmax_us * 1e-6 * peaks["hbm_tbs"] * 1e12 / 2 if peaks and peaks.get("hbm_tbs") else None)
+        size = (f"an S x S score tensor (size estimated: the trace has no shapes; the softmax kernel's time bounds "
+                f"it at ~{fmt_bytes(estimated)}, what {peaks['name']}'s memory bandwidth moves in that time)"
+                if estimated else "an S x S score tensor (its size is not in the trace: no shapes)")
+        findings.append(ctx.finding(
+            op=hits[0][0],
+            key=_stable_key(pattern),
+            message=(f"unfused attention materialises {size} {ctx.per_step(len(hits), 'time')} via {pattern}: "
+                     f"{fmt_us(us_per_step)} of GPU time {ctx.each_step} in the elementwise and softmax kernels "
+                     "between its two matmuls"),
+            where={"op_chain": pattern, "kernel": None, "steps": sorted({s for _, s, _ in hits})},
+            evidence={"calls_per_step": len(hits) / ctx.step_count, "gpu_us_per_step": us_per_step,
+                      "score_bytes_at_most": estimated, "shapes": False,
+                      "causal_mask_in_trace": _causal_mask_shown(ctx, hits[0][2], sequence, position)},
+            gpu_us_per_step=us_per_step,
+            fix=_fix(_causal_mask_shown(ctx, hits[0][2], sequence, position), False)
+            + " Capture with record_shapes=True for the tensor's size and `attntrace run --from-trace`.",
+        ))
+    return findings
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
+    if not ctx.trace.has_shapes:
+        return _check_without_shapes(ctx)
     groups, sequence, position = unfused_chains(ctx, ctx.params["min_seq"])
     findings = []
     for pattern, hits in sorted(groups.items()):

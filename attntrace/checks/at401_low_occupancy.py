@@ -75,7 +75,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             occ, source = computed.percent, f"computed (theoretical; the trace's value was {note})"
         else:
             continue
-        if occ > ctx.params["max_occupancy"]:
+        if occ > 100 * ctx.params["max_occupancy"]:  # occupancy in percent, as Kineto and occupancy.py give it
             continue
         tiny_grid = k["blocks_per_sm"] is not None and k["blocks_per_sm"] < 1
         limiter = computed.limited_by if computed else None

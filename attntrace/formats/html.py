@@ -5,6 +5,7 @@ comparison as charts next to the table. Needs the `html` extra (plotly); nothing
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,12 @@ MISSING_EXTRA = "the HTML report needs plotly: pip install 'attntrace[html]'"
 COLOURS = {"attention": "#2e7d32", "GEMM tensor-core": "#1565c0", "GEMM FP32": "#c62828", "GEMM other": "#6a1b9a",
            "elementwise": "#f9a825", "Triton": "#00838f", "copies": "#ef6c00", "communication": "#5d4037",
            "other": "#757575", "idle": "#e0e0e0"}
-RULE_COLOURS = ("#d50000", "#aa00ff", "#ff6d00", "#00b8d4", "#c51162", "#64dd17")
+# One colour per rule on every page and trace, none of them a kernel class's: a flagged span never reads as a
+# kind of kernel. Flagged bars are hatched as well, for readers who do not tell these colours apart.
+RULE_COLOURS = {"AT101": "#212121", "AT102": "#d81b60", "AT201": "#00b8d4", "AT202": "#64dd17",
+                "AT203": "#304ffe", "AT301": "#827717", "AT302": "#ff80ab", "AT401": "#80cbc4",
+                "AT402": "#9e9e9e", "AT501": "#ffd54f"}
+OTHER_RULE_COLOUR = "#000000"
 SEVERITY_COLOURS = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 CONFIG = {"displaylogo": False, "responsive": True}
 STYLE = """
@@ -69,13 +75,14 @@ def timeline_figure(timeline: dict[str, Any], title: str) -> Any:
             marker={"color": COLOURS.get(group, COLOURS["other"]), "line": {"width": 0}},
             hovertemplate=f"{group}<br>%{{base:.3f}} ms + %{{x:.3f}} ms<extra></extra>"))
     rules = sorted({f["rule"] for s in steps for f in s["flagged"]})
-    for n, rule in enumerate(rules):
+    for n, rule in enumerate(rules):  # n staggers the thin bars of several rules in one row
         spans = [(rows[s["step"]], f) for s in steps for f in s["flagged"] if f["rule"] == rule]
         offset = 0.36 + 0.1 * (n % 3)
         fig.add_trace(go.Bar(
             name=f"flagged: {rule}", orientation="h", y=[r + offset for r, _ in spans],
             base=[f["start"] for _, f in spans], x=[max(f["end"] - f["start"], 1e-4) for _, f in spans], width=0.08,
-            marker={"color": RULE_COLOURS[n % len(RULE_COLOURS)], "line": {"width": 0}},
+            marker={"color": RULE_COLOURS.get(rule, OTHER_RULE_COLOUR), "line": {"width": 0},
+                    "pattern": {"shape": "/", "size": 4, "solidity": 0.5}},
             hovertemplate=f"{rule}<br>%{{base:.3f}} ms + %{{x:.3f}} ms<extra></extra>"))
     fig.update_layout(
         title={"text": title, "font": {"size": 14}}, barmode="overlay", height=140 + 46 * max(len(steps), 1),
@@ -101,9 +108,10 @@ def _summary_table(summary: dict[str, Any]) -> str:
     rows = [("device", summary.get("device") or "CPU only"), ("steps", summary.get("steps")),
             ("GPU busy per step", "-" if busy is None else f"{busy / 1e3:.3f} ms"),
             ("kernels per step", shown(mean("kernels"), ".4g")),
-            ("copies per step", shown(mean("memcpy"), ".4g")),
+            ("Memcpy calls per step (copy kernels: the chart's copies)", shown(mean("memcpy"), ".4g")),
             ("launches per step", shown(mean("launches"), ".4g")),
-            ("tensor-core share of GEMM time", summary.get("tensor_core_share_of_gemm")),
+            ("tensor-core share of GEMM time", None if summary.get("tensor_core_share_of_gemm") is None
+             else f"{100 * summary['tensor_core_share_of_gemm']:.0f}%"),
             ("attention backends", ", ".join(summary.get("attention_backends") or []) or "none found")]
     body = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc('-' if v is None else v)}</td></tr>" for k, v in rows)
     return f"<table class=\"summary\">{body}</table>"
@@ -160,7 +168,7 @@ def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]])
             body.append("<p class=\"muted\">no GPU activity in steps: no timeline</p>")
         found = sorted((f for f in report["findings"] if f["trace"] == path),
                        key=lambda f: (-f["impact"]["gpu_us_per_step"], f["rule"], f["fingerprint"]))
-        body.append(f"<h3>{len(found)} finding(s)</h3>")
+        body.append(f"<h3>{len(found)} cause(s)</h3>")
         body += [_finding_html(f) for f in found]
         skipped = [s for s in report.get("skipped", []) if s["trace"] == path]
         if skipped:
@@ -183,14 +191,24 @@ def lint_page(report: dict[str, Any], timelines: dict[str, dict[str, Any]], titl
 
 def _bar(go: Any, rows: list[dict[str, Any]], key: str, title: str, axis: str, log: bool = False,
          peak: float | None = None) -> Any:
+    """Bars from zero on a linear axis; on a log axis dots, since a bar's length there starts wherever the axis
+    does and 0.068 ms would look like nothing next to 0.141 ms."""
     shown = [r for r in rows if r.get(key) is not None and (not log or r[key] > 0)]
-    fig = go.Figure(go.Bar(x=[r["variant"] for r in shown], y=[r[key] for r in shown],
-                           marker={"color": "#1565c0"}, hovertemplate="%{x}: %{y:.4g}<extra></extra>"))
+    names, values = [r["variant"] for r in shown], [r[key] for r in shown]
+    hover = "%{x}: %{y:.4g}<extra></extra>"
+    fig = go.Figure(go.Scatter(x=names, y=values, mode="markers+text", text=[f"{v:.3g}" for v in values],
+                               textposition="top center", marker={"color": "#1565c0", "size": 11},
+                               hovertemplate=hover) if log else
+                    go.Bar(x=names, y=values, marker={"color": "#1565c0"}, hovertemplate=hover))
     if peak:
         fig.add_hline(y=peak, line={"color": "#c62828", "dash": "dash"}, annotation_text=f"peak {peak:g}")
     fig.update_layout(title={"text": title, "font": {"size": 14}}, height=320, template="plotly_white",
                       margin={"l": 60, "r": 20, "t": 50, "b": 70},
-                      yaxis={"title": axis, "type": "log" if log else "linear"})
+                      # The log axis padded past the dots so that each dot and its label stay in view.
+                      yaxis={"title": axis, "type": "log", "showgrid": True,
+                             "range": [math.log10(min(values)) - 0.2, math.log10(max(values)) + 0.25]}
+                      if log and values else
+                      {"title": axis, "type": "linear", "rangemode": "tozero"})
     return fig
 
 
@@ -201,7 +219,7 @@ def comparison_charts(rows: list[dict[str, Any]], peak_tflops: float | None) -> 
     gpu = any(r.get("gpu_ms") is not None for r in ok)
     time_key = "gpu_ms" if gpu else "event_ms"
     charts = [
-        (time_key, f"{'GPU' if gpu else 'wall-clock'} ms per call (log scale)", "ms", True, None),
+        (time_key, f"{'GPU' if gpu else 'wall-clock'} ms per call (log scale, dots)", "ms", True, None),
         ("tflops", "achieved TFLOP/s" + (" against the device's peak" if peak_tflops else ""), "TFLOP/s", False,
          peak_tflops),
         ("kernels", "kernels per call", "kernels", False, None),

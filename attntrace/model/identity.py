@@ -1,15 +1,18 @@
 """A trace's identity across runs, which its findings' fingerprints are made of (baselines and `diff` use one).
 
-A trace is known by its path relative to the directory (or quoted pattern's directory) it was found under, or
-by its file name when it was named on its own, so that `lint traces/` today and `lint traces/` or
-`lint new_traces/` tomorrow name each trace the same, and two traces of one run never share a name:
+A trace is known by its path as given (relative to the working directory when it lies under it), so that
+`lint traces/` run again after a re-capture names each trace the same, and two traces never share a name:
 `bf16/naive.pt.trace.json` and `fp32/naive.pt.trace.json` are two traces. In the file name, digit runs are
 folded (`host_4242.1733071234567.pt.trace.json` -> `host_#.#`: tensorboard_trace_handler's pid and
 timestamp change with every capture), except a rank's number (`rank3`), and extensions are dropped. A trace
-that knows its rank (Kineto's distributedInfo) and has none in its name gets `@rank{N}`."""
+that knows its rank (Kineto's distributedInfo) and has none in its name gets `@rank{N}`. `diff` pairs two
+traces by their names under the two directories it compares and gives both one name, so that it and a
+baseline agree on what is the same finding."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from pathlib import PurePosixPath
 
@@ -24,19 +27,14 @@ def _fold(name: str) -> str:
     return _DIGITS_OR_RANK.sub(lambda m: m.group(0) if m.group(1) else "#", name)
 
 
-def _within(path: str, root: str) -> str | None:
-    """`path` relative to the directory `root`, or None when it is not under it."""
-    top = root.rstrip("/") + "/"
-    if root in ("", ".", "./"):
-        return path.removeprefix("./")
-    return path[len(top):] if path.startswith(top) else None
-
-
-def trace_label(path: str, roots: tuple[str, ...] = (), rank: int | None = None) -> str:
+def trace_label(path: str, rank: int | None = None) -> str:
     """The trace's identity: see the module's docstring."""
-    relative = next((r for r in map(lambda root: _within(path, root), sorted(roots, key=len, reverse=True))
-                     if r), None)
-    parts = PurePosixPath(relative if relative else PurePosixPath(path).name).parts or ("",)
+    shown = path
+    if os.path.isabs(path):
+        with contextlib.suppress(ValueError):
+            relative = os.path.relpath(path)
+            shown = path if relative.startswith("..") else relative
+    parts = PurePosixPath(shown.removeprefix("./")).parts or ("",)
     label = "/".join([*parts[:-1], _fold(parts[-1])])
     if rank is not None and not RANK_IN_NAME.search(parts[-1]):
         label += f"@rank{rank}"
