@@ -274,7 +274,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
     from attntrace import lint as engine
     from attntrace.loading import InputError, map_inputs
-    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions
+    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions, input_roots
 
     chosen = build_settings(select, ignore, settings, fail_on, config)
     names = _paths(paths)
@@ -283,7 +283,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
         from attntrace.annotate import targets_for
 
         targets = targets_for(names, os.fspath(annotate))
-    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage, input_roots(names))
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []
     views: dict[str, dict[str, Any]] = {}

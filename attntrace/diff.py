@@ -6,7 +6,6 @@ are matched by the identity the baseline uses (model/identity.py): a pair's two 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,8 @@ import polars as pl
 
 from attntrace import stats
 from attntrace.lint import TraceReport, lint_trace
-from attntrace.loading import InputError, guarded, load
-from attntrace.model.identity import trace_label
+from attntrace.loading import InputError, display_path, guarded, load
+from attntrace.model.identity import fold_name, trace_label
 from attntrace.reader import discover
 
 CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
@@ -30,7 +29,8 @@ def pairs(base: str, new: str) -> list[tuple[str | None, str | None]]:
 
     def by_label(root: str) -> dict[str, str]:
         found = [item[0] for item in discover([root]) if isinstance(item, tuple)]
-        return {trace_label(os.path.relpath(p, root)): p for p in found}
+        relative = [Path(p).relative_to(root) for p in found]
+        return {str(r.parent / fold_name(r.name)): p for r, p in zip(relative, found, strict=True)}
 
     left, right = by_label(base), by_label(new)
     return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))]
@@ -76,7 +76,8 @@ def _host_or_program(bt: Any, nt: Any, metrics: dict[str, Any]) -> str | None:
 
 
 def compare_pair(base: str, new: str, fail_over: float | None, label: str | None = None) -> dict[str, Any]:
-    name = label or trace_label(new)  # the pair by one name: the new trace's, as a baseline of it would have
+    # The pair by one name: the new trace's, as a baseline of it would have.
+    name = label or trace_label(display_path(new))
     results = [guarded(p, lambda path: _analyse(path, name)) for p in (base, new)]
     errors = [r for r in results if isinstance(r, InputError)]
     if errors:
@@ -142,7 +143,7 @@ def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
         if b is None or n is None:
             unmatched.append({"base": b, "new": n})
             continue
-        result = compare_pair(b, n, fail_over)
+        result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)))
         if len(matched) > 1 and result.pop("not_traces", False):
             continue  # other JSON beside the traces of a directory (run.json)
         result.pop("not_traces", None)

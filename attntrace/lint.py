@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import types
@@ -17,7 +18,7 @@ from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model import Trace
 from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
-from attntrace.reader import ReadOptions
+from attntrace.reader import ReadOptions, input_roots
 from attntrace.summary import summarize
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
@@ -163,6 +164,7 @@ def run(paths: list[str], settings: Settings, jobs: int = 1,
         group: str = "none") -> dict[str, Any]:
     """Lint every trace under `paths` (`jobs` at a time, or on a cluster through `runner`); `group` "ranks" or
     "auto" merges one job's ranks (ranks.group)."""
+    options = options if options.roots else dataclasses.replace(options, roots=input_roots(paths))
     results = list(map_inputs(paths, partial(lint_path, settings=settings, options=options), jobs, runner))
     return ranks.group(assemble(results), results, group)
 

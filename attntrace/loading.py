@@ -52,7 +52,7 @@ def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model
     raw = reader.read(path, options)
     raw.path = display_path(path)
     trace = model.build(raw)
-    trace.label = trace_label(trace.path, trace.meta.rank)
+    trace.label = trace_label(trace.path, tuple(map(display_path, options.roots)), trace.meta.rank)
     return trace
 
 

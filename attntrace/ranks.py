@@ -4,7 +4,6 @@ summary gives the step time per rank, so that a straggler shows."""
 
 from __future__ import annotations
 
-import re
 import statistics
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any

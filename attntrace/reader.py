@@ -106,6 +106,7 @@ class RawTrace:
 class ReadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
     salvage: bool = False  # analyse the complete events of a cut-off file instead of refusing it
+    roots: tuple[str, ...] = ()  # the directories given, which name the traces found in them (model/identity.py)
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n]")
@@ -116,6 +117,26 @@ _ANY = msgspec.json.Decoder()
 
 
 _GLOB = re.compile(r"[*?\[]")
+
+
+def input_roots(paths: list[str]) -> tuple[str, ...]:
+    """The inputs that name a set of traces (directories, URL prefixes, quoted patterns' folders): a trace
+    found under one is known by its name and the path below it (model/identity.py)."""
+    roots = []
+    for given in paths:
+        magic = _GLOB.search(given)
+        if given == "-":
+            continue
+        if magic:
+            roots.append(given[:magic.start()].rsplit("/", 1)[0] or ".")
+        elif "://" in given:
+            if not given.endswith(TRACE_SUFFIXES):
+                roots.append(given)
+        else:
+            with contextlib.suppress(OSError):
+                if Path(given).is_dir():
+                    roots.append(given)
+    return tuple(roots)
 
 
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:

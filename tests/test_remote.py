@@ -84,10 +84,13 @@ def _findings(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def test_a_prefix_is_linted_like_a_directory_with_the_same_findings(s3_env: dict[str, str],
                                                                      tmp_path: Path) -> None:
+    # A folder named as the prefix is: traces are known by it and their names below it (model/identity.py).
+    folder = tmp_path / "job-1"
+    folder.mkdir()
     for rank, name in enumerate(RANK_SAMPLES):
-        (tmp_path / f"rank{rank}.pt.trace.json.gz").write_bytes(Path(sample(name)).read_bytes())
+        (folder / f"rank{rank}.pt.trace.json.gz").write_bytes(Path(sample(name)).read_bytes())
     remote = attntrace(s3_env, "lint", "s3://traces/job-1/", "--format", "json", "--fail-on", "never")
-    local = attntrace({}, "lint", str(tmp_path), "--format", "json", "--fail-on", "never")
+    local = attntrace({}, "lint", str(folder), "--format", "json", "--fail-on", "never")
     assert remote.returncode == 0, remote.stderr
     report, expected = json.loads(remote.stdout), json.loads(local.stdout)
     assert [t["path"] for t in report["traces"]] == [f"s3://traces/job-1/rank{r}.pt.trace.json.gz"

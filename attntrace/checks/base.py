@@ -133,7 +133,7 @@ class Context:
         significant figures. Without an explicit severity, it is the rule's when the saving reaches the rule's
         min_saving_share of the step, else info: a warning promises a saving worth acting on."""
         identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
-        label = self.trace.label or trace_label(self.trace.path, rank=self.trace.meta.rank)
+        label = self.trace.label or trace_label(self.trace.path, (), self.trace.meta.rank)
         digest = hashlib.sha256(f"{identity}|{label}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
