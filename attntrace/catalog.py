@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attntrace.data import rules_dir
+from attntrace.data import load_toml, rules_dir
 
 SEVERITIES = ("error", "warning", "info")
 DOC_FIELDS = ("what", "why", "example", "fix")
@@ -196,3 +196,25 @@ def resolve(selector: str, rules: dict[str, Rule]) -> list[str]:
     if not hits:
         raise ValueError(f"unknown rule {token!r}")
     return hits
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A framework whose own switches fix findings (rules/frameworks.toml)."""
+
+    name: str
+    match: re.Pattern[str]
+    fixes: dict[str, str]
+
+
+@cache
+def load_frameworks() -> tuple[Framework, ...]:
+    path = rules_dir() / "frameworks.toml"
+    if not path.is_file():
+        return ()
+    found = []
+    for number, entry in enumerate(load_toml(path).get("framework", []), 1):
+        where = f"{path}: framework {number}"
+        found.append(Framework(_require(entry, "name", str, where), re.compile(_require(entry, "match", str, where)),
+                               dict(_require(entry, "fixes", dict, where))))
+    return tuple(found)

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule
+from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule, load_frameworks
 from attntrace.model import Trace
 from attntrace.model.identity import trace_label
 
@@ -118,6 +118,17 @@ class Context:
         _, types, _ = self.trace.op_input(op)
         return [t for t in types or [] if isinstance(t, str)]
 
+    def _framework_fix(self, op: int | None) -> tuple[str, str] | None:
+        """(framework, its fix for this rule) when the op's Python stack runs through a framework of
+        rules/frameworks.toml that has one."""
+        files = self.trace.stack_files(op)
+        if not files:
+            return None
+        for framework in load_frameworks():
+            if self.rule.id in framework.fixes and any(framework.match.search(f) for f in files):
+                return framework.name, framework.fixes[self.rule.id]
+        return None
+
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
                 device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
@@ -138,6 +149,11 @@ class Context:
         source = self.trace.source_of(op)
         if source:
             where = {**where, "source": source}
+        framework = self._framework_fix(op)
+        if framework:
+            name, text = framework
+            where = {**where, "framework": name}
+            fix = f"{text} In plain PyTorch: {fix}"
         if device is None and len(self.trace.devices) == 1:
             device = self.trace.devices[0]
         where = {**where, "device": device, "device_name": None if device is None else self.trace.device_name(device),

@@ -346,7 +346,10 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         gpu_busy = busy.get(step, 0.0)
         est = max(step_end - previous_end, gpu_busy)
         previous_end = step_end
-        rows.append({"step": step, "device": device, "recorded_us": ends[i] - starts[i], "est_step_us": est,
+        # As recorded, a step lasts its CPU window or its GPU work, whichever is longer (Trace.step_table's
+        # step_us): a GPU-bound step's CPU marker ends long before its kernels do.
+        recorded = max(ends[i] - starts[i], gpu_busy)
+        rows.append({"step": step, "device": device, "recorded_us": recorded, "est_step_us": est,
                      "gpu_busy_us": gpu_busy, "est_idle_us": max(0.0, est - gpu_busy),
                      "profiler_cpu_us": spent_before[i + 1] - spent_before[i]})
     return pl.DataFrame(rows, schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,

@@ -309,6 +309,19 @@ class Trace:
             return None
         return {"file": match["file"], "line": int(match["line"]), "function": match["function"]}
 
+    def stack_files(self, op: int | None) -> list[str]:
+        """The files of every Python frame around an op, library frames too (with_stack), or of the whole trace
+        for no op; [] without stacks."""
+        if not self.python.height:
+            return []
+        if op is None:
+            return sorted({m["file"] for m in map(PY_FRAME.match, self.python["name"].unique().to_list()) if m})
+        row = self.ops.row(op, named=True)
+        names = self.python.filter(
+            (pl.col("pid") == row["pid"]) & (pl.col("tid") == row["tid"]) & (pl.col("ts") <= row["ts"])
+            & (pl.col("end") >= row["ts"]))["name"].to_list()
+        return [m["file"] for m in map(PY_FRAME.match, names) if m]
+
     # --- devices ----------------------------------------------------------------------------------
     @property
     def has_gpu(self) -> bool:

@@ -1,0 +1,40 @@
+"""Fixes in a framework's own terms (rules/frameworks.toml), on H200 traces captured with with_stack=True."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import sample
+
+from attntrace.lint import lint_trace
+from attntrace.loading import load
+
+
+def _by_rule(name: str) -> dict[str, dict[str, Any]]:
+    return {f["rule"]: f for f in lint_trace(load(sample(name))).findings}
+
+
+def test_generate_gets_the_static_cache_and_compile_switch():
+    found = _by_rule("calibration/llama_generate.shapes_stack")
+    assert found["AT501"]["where"]["framework"] == "transformers"
+    assert found["AT501"]["fix"].startswith("For `generate()`, compile the decode step with a static cache")
+    assert "In plain PyTorch:" in found["AT501"]["fix"]
+
+
+def test_eager_attention_in_transformers_gets_attn_implementation():
+    found = _by_rule("calibration/llama_train_eager.shapes_stack")
+    assert 'attn_implementation="sdpa"' in found["AT102"]["fix"]
+    # Eager training passes through torch._dynamo's decorators (the optimizer), but is not compiled code.
+    assert found["AT402"]["where"].get("framework") != "torch.compile"
+
+
+def test_compiled_code_is_not_told_to_compile():
+    found = _by_rule("calibration/llama_train_compiled.shapes_stack")
+    assert found["AT402"]["where"]["framework"] == "torch.compile"
+    assert found["AT402"]["fix"].startswith("This code is compiled already")
+
+
+def test_plain_pytorch_and_traces_without_stacks_keep_the_plain_fix():
+    item = _by_rule("calibration/gpt2_train_item.shapes_stack")["AT302"]
+    assert "framework" not in item["where"] and item["fix"].startswith("Keep the value on the GPU")
+    assert all("framework" not in f["where"] for f in _by_rule("calibration/llama_generate.shapes").values())
