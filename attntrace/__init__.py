@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-_API = {"summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
+_API = {"lint": "attntrace.api", "summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
         "Summary": "attntrace.api", "TraceResult": "attntrace.api", "TraceReadError": "attntrace.api",
         "on_trace_ready": "attntrace.hook", "FindingsError": "attntrace.hook"}
 __all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "TraceResult", "__version__",
@@ -24,9 +24,6 @@ __all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "T
 def __getattr__(name: str) -> object:  # no typing import: Ctrl-C at start-up must land in our handler
     from importlib import import_module
 
-    if name == "lint":
-        # attntrace.lint is also the engine module; it is callable as the API's lint (see its last lines).
-        return import_module("attntrace.lint")
     if name in _API:
         return getattr(import_module(_API[name]), name)
     raise AttributeError(f"module 'attntrace' has no attribute {name!r}")

@@ -131,7 +131,7 @@ class Report:
 
     def exit_code(self, fail_on: str = "warning") -> int:
         """The CLI's exit code: 2 for an unreadable input, 1 for findings at or above fail_on, else 0."""
-        from attntrace.lint import exit_code
+        from attntrace.engine import exit_code
 
         return exit_code(self.data, fail_on)
 
@@ -232,7 +232,7 @@ class _Linted:
 
 def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, annotate: dict[str, str] | None
               ) -> _Linted:
-    from attntrace.lint import lint_trace
+    from attntrace.engine import lint_trace
     from attntrace.loading import load
 
     trace = load(path, options)
@@ -272,7 +272,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     group: "ranks" reports one job's rank traces as one verdict, "auto" (as the CLI) when the inputs look like
     one (ranks), "none" one finding per trace.
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
-    from attntrace import lint as engine
+    from attntrace import engine
     from attntrace.loading import InputError, map_inputs
     from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions, input_roots
 
@@ -326,3 +326,16 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     return Summary(name, data.get("device"), int(data.get("steps") or 0), float(data.get("gpu_busy_us") or 0.0),
                    int(data.get("kernels") or 0), int(data.get("memcpy") or 0), int(data.get("launches") or 0),
                    list(data.get("attention_backends") or []), data)
+
+
+def write_run_report(out_dir: Path, run: dict[str, Any], lint_traces: bool = True) -> Path:
+    """DIR/report.html of `attntrace run` (needs the html extra): the comparison as table and charts and, unless
+    `lint_traces` is off, each trace the run wrote linted, with its timeline and findings."""
+    from attntrace.formats.html import run_report_page
+
+    traces = [str(Path(out_dir) / v["trace"]) for v in run.get("variants", []) if v.get("trace")]
+    linted = lint(traces, fail_on="never") if lint_traces and traces else None
+    page = run_report_page(run, linted.data if linted else None, linted.timelines if linted else None)
+    target = Path(out_dir) / "report.html"
+    target.write_text(page, encoding="utf-8")
+    return target

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from attntrace.lint import all_findings
+from attntrace.report import all_findings
 
 VERSION = 1
 

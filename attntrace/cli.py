@@ -443,7 +443,7 @@ def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path |
     if importlib.util.find_spec("plotly") is None:
         click.echo(f"note: no {out_dir / 'report.html'}: pip install 'attntrace[html]' for it", err=True)
         return None
-    from attntrace.formats.html import write_run_report
+    from attntrace.api import write_run_report
 
     return write_run_report(out_dir, report, lint)
 
@@ -520,8 +520,7 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
          config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
          measured_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
-    from attntrace import api, baseline, distributed  # distributed imports Dask only when a scheduler is given
-    from attntrace import lint as engine
+    from attntrace import api, baseline, distributed, engine  # distributed imports Dask only when a scheduler is given
     from attntrace.catalog import load_rules
     from attntrace.progress import file_progress
 

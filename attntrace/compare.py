@@ -272,7 +272,7 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
 def finding_counts(trace: Any) -> str:
     """The findings column of the run table: causes by severity ("2W 1I"), or "none"; a cause's consequences
     are inside it, not counted beside it."""
-    from attntrace.lint import lint_trace
+    from attntrace.engine import lint_trace
 
     report = lint_trace(trace)
     counts = {s: sum(1 for f in report.findings if f["severity"] == s and "cause" not in f)

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from attntrace import stats
-from attntrace.lint import TraceReport, lint_trace
+from attntrace.engine import TraceReport, lint_trace
 from attntrace.loading import InputError, display_path, guarded, load
 from attntrace.model.identity import fold_name, trace_label
 from attntrace.reader import discover

@@ -67,7 +67,7 @@ def plan(trace: Trace, variants: str = "all", causal: bool | None = None) -> dic
     unknown variant name; NoShapes for a trace without recorded shapes."""
     if not trace.has_shapes:
         raise NoShapes(no_shapes_line(trace.path))
-    from attntrace.lint import lint_trace
+    from attntrace.engine import lint_trace
 
     found = sites.find(trace)
     findings = [f for f in lint_trace(trace).findings if f["rule"] in MEASURED_RULES]
@@ -295,7 +295,7 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
                                f"{hit.get('best')} saves {saved / 1e3:.3f} ms per step]")
         changed += 1
     if changed:
-        from attntrace.lint import sort_key
+        from attntrace.report import sort_key
 
         report["findings"].sort(key=sort_key)
         for trace in report["traces"]:

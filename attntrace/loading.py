@@ -48,7 +48,7 @@ def display_path(path: str) -> str:
 
 
 def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
-    workers.warm_up_for([path])
+    workers.warm_up_for([path], reader.CHUNK_BYTES)
     raw = reader.read(path, options)
     raw.path = display_path(path)
     trace = model.build(raw)

@@ -9,9 +9,9 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from attntrace.model.identity import RANK_IN_NAME
+from attntrace.report import SEVERITY_RANK, TraceReport, sort_key
 
 if TYPE_CHECKING:
-    from attntrace.lint import TraceReport
     from attntrace.model import Trace
 
 SLOWEST_SHOWN = 3
@@ -57,8 +57,6 @@ def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, An
     """The report with findings and skipped rules merged across ranks and a `job` section, when `mode` is
     "ranks", or "auto" and the traces are one job's ranks; otherwise the report as it is. Traces keep their
     own entries (each rank's summary stays in the JSON)."""
-    from attntrace.lint import SEVERITY_RANK, TraceReport, sort_key
-
     reports = [r for r in results if isinstance(r, TraceReport)]
     if mode == "none" or not reports or (mode == "auto" and not is_one_job(reports)):
         return report

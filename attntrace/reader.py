@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from attntrace import workers
+from attntrace.errors import TRACE_SUFFIXES, TraceError
 from attntrace.events import (
     READ_PHASES,
     SKIPPED_PHASES,
@@ -37,7 +38,6 @@ from attntrace.events import (
     Unphased,
 )
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 # A trace's bytes: read into memory, or a large file mapped copy-on-write (see _mapped).
 Buffer = bytes | bytearray | mmap.mmap
 
@@ -55,16 +55,6 @@ def default_max_bytes() -> int:
 
 
 DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this (--max-size)
-
-
-class TraceError(Exception):
-    """An input that cannot be analysed; the message is one line and names no file (the caller does)."""
-
-    def __init__(self, kind: str, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.path = path  # set when the error is about a path other than the one being read
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from attntrace.reader import TRACE_SUFFIXES, TraceError
+from attntrace.errors import TRACE_SUFFIXES, TraceError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _GLOB = re.compile(r"[*?\[]")

@@ -111,18 +111,17 @@ def ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def warm_up_for(paths: Iterable[str]) -> None:
-    """Start the server when one of these files looks big enough to be decoded by workers, so that its imports
-    overlap this process's own (the CLI calls it before it imports polars). A gzip file is guessed at ten times
-    its size; a path that is not a file is passed over."""
-    from attntrace import reader  # light: no polars
-
+def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
+    """Start the server when one of these files looks bigger than one piece of `piece_bytes` (reader's
+    CHUNK_BYTES, given by the caller: this module is below the reader), so that its imports overlap this
+    process's own (the CLI calls it before it imports polars). A gzip file is guessed at ten times its size; a
+    path that is not a file is passed over."""
     for path in paths:
         try:
             size = os.stat(path).st_size * (10 if path.endswith(".gz") else 1)
         except (OSError, ValueError):
             continue
-        if size > reader.CHUNK_BYTES and read_workers(PARALLEL_MIN_PIECES) > 1:
+        if size > piece_bytes and read_workers(PARALLEL_MIN_PIECES) > 1:
             warm_up()
             return
 

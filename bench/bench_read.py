@@ -37,9 +37,9 @@ PYTHON = sys.executable
 STAGES = """
 import json, resource, sys, time
 t = [time.perf_counter()]
-from attntrace import workers
-workers.warm_up_for(sys.argv[1:2])  # as the CLI does: the worker server imports while this process does
-from attntrace import lint as engine, model, reader, summary
+from attntrace import reader, workers
+workers.warm_up_for(sys.argv[1:2], reader.CHUNK_BYTES)  # as the CLI does: the server imports while this does
+from attntrace import engine, model, summary
 t.append(time.perf_counter())
 raw = reader.read(sys.argv[1])
 t.append(time.perf_counter())

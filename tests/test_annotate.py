@@ -13,7 +13,7 @@ from conftest import SAMPLES, sample
 
 from attntrace.annotate import CATEGORY, PROCESS_NAME
 from attntrace.cli import main
-from attntrace.lint import all_findings
+from attntrace.report import all_findings
 
 NAIVE = sample("bf16_causal_fwd/naive")
 SDPA_MATH = sample("bf16_causal_fwd/sdpa_math")

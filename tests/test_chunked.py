@@ -10,7 +10,8 @@ import orjson
 import pytest
 from conftest import sample
 
-from attntrace import lint, reader, workers
+from attntrace import engine as lint
+from attntrace import reader, workers
 from attntrace.catalog import load_rules
 from attntrace.loading import load
 

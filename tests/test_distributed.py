@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import need, sample
 
-from attntrace import lint as engine
+from attntrace import engine
 from attntrace.catalog import load_rules
 from attntrace.cli import main
 from attntrace.distributed import runner

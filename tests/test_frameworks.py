@@ -6,7 +6,7 @@ from typing import Any
 
 from conftest import sample
 
-from attntrace.lint import lint_trace
+from attntrace.engine import lint_trace
 from attntrace.loading import load
 
 

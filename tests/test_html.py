@@ -118,7 +118,7 @@ def test_run_page_charts_one_bar_per_variant(tmp_path: Path):
     run_dir = tmp_path / "run"
     shutil.copytree(SAMPLES / "bf16_causal_fwd", run_dir)
     run = orjson.loads((run_dir / "run.json").read_bytes())
-    page = html.write_run_report(run_dir, run).read_text()
+    page = api.write_run_report(run_dir, run).read_text()
     dom = render(page, tmp_path)
     assert dom.errors == []
     ok = [r for r in run["table"] if r["status"] == "ok"]

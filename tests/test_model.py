@@ -168,7 +168,7 @@ def test_reading_and_linting_leave_the_garbage_collector_as_they_found_it(collec
     # Both pause cyclic GC while they work (gc_paused); a library caller's setting must come back either way.
     import gc
 
-    from attntrace.lint import lint_trace
+    from attntrace.engine import lint_trace
 
     was = gc.isenabled()
     try:

@@ -18,7 +18,7 @@ from tracebuild import data, read_json, write_json
 
 from attntrace import reader, taxonomy
 from attntrace.cli import main
-from attntrace.lint import lint_trace
+from attntrace.engine import lint_trace
 from attntrace.loading import load
 from attntrace.summary import summarize
 

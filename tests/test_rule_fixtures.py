@@ -12,7 +12,7 @@ import pytest
 from conftest import sample
 from tracebuild import read_json, write_json
 
-from attntrace.lint import lint_trace
+from attntrace.engine import lint_trace
 from attntrace.loading import load
 
 NAIVE = sample("bf16_causal_fwd/naive")

@@ -7,7 +7,7 @@ from functools import cache
 import pytest
 from conftest import sample
 
-from attntrace.lint import lint_trace
+from attntrace.engine import lint_trace
 from attntrace.loading import load
 from attntrace.summary import summarize
 
@@ -145,7 +145,7 @@ def test_at501_silent_on_gpu_heavy_steps(name):
 
 
 def test_findings_sorted_and_deterministic():
-    from attntrace.lint import assemble, sort_key
+    from attntrace.engine import assemble, sort_key
 
     first = assemble([report("bf16_causal_fwd/sdpa_math")])
     assert first["findings"] == sorted(first["findings"], key=sort_key)

@@ -7,7 +7,7 @@ from functools import cache
 import pytest
 from conftest import sample
 
-from attntrace.lint import lint_trace
+from attntrace.engine import lint_trace
 from attntrace.loading import load
 
 

@@ -15,13 +15,14 @@ GOLDEN = ROOT / "sample_traces" / "golden_findings.json"
 
 
 def current() -> dict[str, list[dict]]:
-    from attntrace import lint
+    from attntrace import engine as lint
     from attntrace.catalog import load_rules
+    from attntrace.report import all_findings
 
     traces = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
     report = lint.run(traces, lint.default_settings(load_rules()))
     out: dict[str, list[dict]] = {t: [] for t in traces}
-    for f in lint.all_findings(report):
+    for f in all_findings(report):
         out[f["trace"]].append({"rule": f["rule"], "severity": f["severity"], "op_chain": f["where"]["op_chain"],
                                 "kernel": f["where"]["kernel"], "steps": f["where"]["steps"],
                                 "device": f["where"].get("device"), "fingerprint": f["fingerprint"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import math
-from pathlib import Path
 from typing import Any
 
 from attntrace.formats.text import impact_text
@@ -266,14 +265,11 @@ def run_page(rows: list[dict[str, Any]], *, title: str, description: str = "", p
 
 
 
-def write_run_report(out_dir: Path, run: dict[str, Any], lint: bool = True) -> Path:
-    """DIR/report.html of `attntrace run` from its run.json data (compare.analyse_run): the comparison
-    rows as table and charts, and, unless lint is off, each trace it wrote with its timeline and findings."""
-    from attntrace import api
-
+def run_report_page(run: dict[str, Any], linted: dict[str, Any] | None = None,
+                    timelines: dict[str, dict[str, Any]] | None = None) -> str:
+    """The page of `attntrace run` from its run.json data (compare.analyse_run): the comparison rows as table
+    and charts, and the lint report of the traces it wrote (`linted`, with their timelines) when given."""
     _require_plotly()
-    traces = [str(out_dir / v["trace"]) for v in run.get("variants", []) if v.get("trace")]
-    linted = api.lint(traces, fail_on="never") if lint and traces else None
     config, env = run.get("config", {}), run.get("environment", {})
     shape = config.get("shape", {})
     description = " | ".join(str(part) for part in (
@@ -282,7 +278,5 @@ def write_run_report(out_dir: Path, run: dict[str, Any], lint: bool = True) -> P
         "causal" if config.get("causal") else "full", "fwd+bwd" if config.get("backward") else "fwd") if part)
     page = run_page(run.get("table", []), title=f"attntrace run on {env.get('gpu') or env.get('cpu') or 'CPU'}",
                     description=description, peak_tflops=run.get("peak_tflops"), backward=bool(config.get("backward")),
-                    report=linted.data if linted else None, timelines=linted.timelines if linted else None)
-    target = out_dir / "report.html"
-    target.write_text(page, encoding="utf-8")
-    return target
+                    report=linted, timelines=timelines)
+    return page

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import polars as pl
 
-from attntrace.lint import all_findings
 from attntrace.model.identity import job_label
+from attntrace.report import all_findings
 
 COLUMNS: dict[str, Any] = {
     "job": pl.String,  # the trace's name with digit runs folded: the same for every rank of one job

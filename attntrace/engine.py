@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import sys
-import types
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -19,19 +15,10 @@ from attntrace.model import Trace
 from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
 from attntrace.reader import ReadOptions, input_roots
+from attntrace.report import SEVERITY_RANK, TraceReport, severity_counts, sort_key
 from attntrace.summary import summarize
 
-SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 SCHEMA_VERSION = 1
-
-
-@dataclass
-class TraceReport:
-    path: str
-    info: dict[str, Any]
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    job: dict[str, Any] = field(default_factory=dict)  # rank and step times for --group ranks (ranks.identity)
 
 
 def default_settings(rules: dict[str, Rule]) -> Settings:
@@ -141,22 +128,8 @@ def nest_consequences(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in findings if "cause" not in f]
 
 
-def all_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every finding of a report: its causes and, after each, the consequences nested in it."""
-    return [g for f in report["findings"] for g in (f, *f.get("consequences", ()))]
-
-
-def severity_counts(findings: list[dict[str, Any]]) -> dict[str, int]:
-    return {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITY_RANK}
-
-
 def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:
     return lint_trace(load(path, options), settings)
-
-
-def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
-    return (SEVERITY_RANK[finding["severity"]], -finding["impact"]["gpu_us_per_step"], finding["trace"],
-            finding["rule"], finding["fingerprint"])
 
 
 def run(paths: list[str], settings: Settings, jobs: int = 1,
@@ -207,28 +180,3 @@ def exit_code(report: dict[str, Any], fail_on: str) -> int:
     limit = SEVERITY_RANK[fail_on]
     counted = [f for f in report["findings"] if f.get("baseline", "new") == "new"]
     return 1 if any(SEVERITY_RANK[f["severity"]] <= limit for f in counted) else 0
-
-
-class _CallableModule(types.ModuleType):
-    """`attntrace.lint(...)` is the API call; the name is also this module's, and Python binds a package
-    attribute to a submodule once it is imported, so the module itself forwards calls to the API."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from attntrace.api import lint
-
-        return lint(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> inspect.Signature:  # what inspect and IDEs show for attntrace.lint(...)
-        from attntrace.api import lint
-
-        return inspect.signature(lint)
-
-    @property  # type: ignore[override]
-    def __doc__(self) -> str | None:  # help(attntrace.lint) is the API's
-        from attntrace.api import lint
-
-        return lint.__doc__
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,16 @@
+"""What the read layer and the sources below it share: the error an unusable input raises, and which file names
+are traces. A module of its own so that `sources` (URLs) needs nothing of `reader`, which uses it."""
+
+from __future__ import annotations
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+class TraceError(Exception):
+    """An input that cannot be analysed; the message is one line and names no file (the caller does)."""
+
+    def __init__(self, kind: str, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.path = path  # set when the error is about a path other than the one being read
