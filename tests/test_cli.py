@@ -211,3 +211,22 @@ def test_a_share_parameter_takes_a_fraction_or_a_percentage(value):
 def test_a_bare_percentage_for_a_fraction_is_refused_with_the_spelling_that_works():
     result = CliRunner().invoke(main, ["lint", NAIVE, "--set", "AT401.max_occupancy=25"])
     assert result.exit_code == 2 and '"25%" or 0.25' in result.stderr
+
+
+def test_summary_never_shows_two_top_kernels_as_one_name():
+    from attntrace.formats.summary_text import distinct_short
+
+    head = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_" + "x" * 80
+    names = [head + "_nn_align8>(Params)", head + "_tn_align8>(Params)", "short"]
+    shown = distinct_short(names)
+    assert len(set(shown)) == 3 and all(len(s) <= 90 for s in shown) and shown[2] == "short"
+
+
+def test_text_report_fits_the_terminal_with_its_impact_first():
+    out = CliRunner().invoke(main, ["lint", str(SAMPLES / "bf16_causal_fwd"), "--fail-on", "never"],
+                             env={"COLUMNS": "100"}).output
+    heads = [line for line in out.splitlines() if line.startswith("  AT") or line.startswith("  known AT")]
+    assert heads and all(len(line) <= 100 for line in heads)
+    assert all(" ~" in line and "per step" in line for line in heads)  # the impact is on the headline
+    skipped = [line for line in out.splitlines() if "skipped" in line]
+    assert all(line.count("skipped") == 1 for line in skipped)  # one line per trace, grouped by reason

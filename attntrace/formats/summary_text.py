@@ -46,8 +46,9 @@ def summary_table(s: dict[str, Any]) -> str:
         table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
     if s["top_kernels"]:
-        rows = [[_ms(k["us"]), f"{100 * k['share']:.1f}%", k["count"], k["class"], _occupancy(k), _short(k["name"])]
-                for k in s["top_kernels"]]
+        names = distinct_short([k["name"] for k in s["top_kernels"]])
+        rows = [[_ms(k["us"]), f"{100 * k['share']:.1f}%", k["count"], k["class"], _occupancy(k), name]
+                for k, name in zip(s["top_kernels"], names, strict=True)]
         table = tabulate(rows, headers=["GPU ms", "share", "count", "class", "occupancy", "top kernels"],
                          tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
@@ -78,8 +79,17 @@ def _occupancy(kernel: dict[str, Any]) -> str:
     return f"{pct:.0f}% ({'computed' if source.startswith('computed') else 'trace'})"
 
 
-def _short(name: str, width: int = 90) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
+def distinct_short(names: list[str], width: int = 90) -> list[str]:
+    """Each name cut to `width` so that no two read the same: templated kernels that differ only near the end
+    (a tile size, a dtype) keep their head and as much of their tail as tells them apart."""
+    shown = [n if len(n) <= width else n[: width - 3] + "..." for n in names]
+    for tail in range(10, width - 10, 6):
+        clashes = {s for s in shown if shown.count(s) > 1}
+        if not clashes:
+            break
+        shown = [n[: width - tail - 3] + "..." + n[-tail:] if s in clashes and len(n) > width else s
+                 for n, s in zip(names, shown, strict=True)]
+    return shown
 
 
 def _devices(s: dict[str, Any]) -> str:

@@ -11,7 +11,6 @@ import click
 from attntrace.checks.base import fmt_ms
 
 COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
-KERNEL_WIDTH = 160  # templated kernel names run to thousands of characters: the head tells them apart
 INDENT = " " * 6
 
 
@@ -46,7 +45,8 @@ def _finding(f: dict[str, Any], style: Any, stepped: bool = True) -> list[str]:
         lines += _wrapped("where: ", where["op_chain"])
     if where.get("kernel"):
         kernel = where["kernel"]
-        lines.append(f"{INDENT}kernel: {kernel if len(kernel) <= KERNEL_WIDTH else kernel[:KERNEL_WIDTH - 3] + '...'}")
+        cut = width() - len(INDENT) - len("kernel: ")
+        lines.append(f"{INDENT}kernel: {kernel if len(kernel) <= cut else kernel[:cut - 3] + '...'}")
     if where.get("source"):
         source = where["source"]
         lines.append(f"{INDENT}source: {source['file']}:{source['line']} ({source.get('function') or '?'})")
