@@ -148,3 +148,14 @@ def test_bad_baseline_is_one_line_error(tmp_path: Path):
     bad.write_text("[1, 2]")
     result = CliRunner().invoke(main, ["lint", NO_FINDINGS, "--baseline", str(bad)])
     assert result.exit_code == 2 and "not an attntrace baseline" in result.stderr
+
+
+def test_the_stack_samples_source_lines_are_the_functions_that_ran():
+    # Kineto names a Python frame by its function's first line: the committed sample must point at today's
+    # code (re-capture with bench/capture_stack_sample.py when attntrace/capture/variants.py moves).
+    report = orjson.loads(lint(WITH_STACK, "--format", "json", "--fail-on", "never")[1])
+    lines = (Path(__file__).resolve().parent.parent / "attntrace/capture/variants.py").read_text().splitlines()
+    sources = [f["where"]["source"] for f in report["findings"] if f["where"].get("source")]
+    assert sources
+    for source in sources:
+        assert lines[source["line"] - 1].strip().startswith(f"def {source['function']}("), source
