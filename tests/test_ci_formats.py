@@ -12,7 +12,7 @@ import jsonschema
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, sample
+from conftest import ROOT, SAMPLES, sample
 
 from attntrace.catalog import load_rules
 from attntrace.cli import main
@@ -159,3 +159,18 @@ def test_the_stack_samples_source_lines_are_the_functions_that_ran():
     assert sources
     for source in sources:
         assert lines[source["line"] - 1].strip().startswith(f"def {source['function']}("), source
+
+
+def test_markdown_of_every_sample_fits_a_pull_request_comment():
+    _, out = lint(str(SAMPLES), "--format", "markdown", "--fail-on", "never")
+    assert len(out) <= 65_536
+    assert "<details><summary>" in out and "did not fit in a comment" in out  # the rest folded, the cut said
+
+
+def test_github_annotations_stay_within_what_a_step_shows():
+    _, out = lint(str(SAMPLES), "--format", "github", "--fail-on", "never")
+    lines = out.splitlines()
+    for level in ("warning", "notice"):
+        mine = [x for x in lines if x.startswith(f"::{level} ")]
+        assert len(mine) <= 10, level
+    assert any(x.startswith("::warning title=attntrace%3A ") and "more warnings" in x for x in lines)
