@@ -6,6 +6,7 @@ No input can take the others down: an exception becomes that input's error, and 
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -142,14 +143,32 @@ def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
         with workers.sigint_ignored():
             pool = _pool(1, jobs)
             future = pool.submit(_call, (path, work))
+            # Kept now: a broken pool may let go of its process list before the error is looked at.
+            processes = list((getattr(pool, "_processes", None) or {}).values())
     except (OSError, NotImplementedError):  # no worker processes any more: analyse it here
         return guarded(path, work)
     try:
         return future.result()
     except BrokenProcessPool:
-        return InputError(display_path(path), "too-large", OUT_OF_MEMORY)
+        return _worker_died(path, processes)
     finally:
         _stop(pool)
+
+
+def _worker_died(path: str, processes: list[Any]) -> InputError:
+    """The error of a trace whose worker died: out of memory when SIGKILL ended it (what the OOM killer sends),
+    otherwise the signal or exit status it ended with, which is something else (a crash, a kill by hand)."""
+    for process in processes:
+        process.join(timeout=5)
+    codes = sorted({p.exitcode for p in processes if p.exitcode not in (None, 0)})
+    if not codes or -signal.SIGKILL in codes:
+        return InputError(display_path(path), "too-large", OUT_OF_MEMORY)
+    # The pool ends the workers left with SIGTERM once one has died: the other code is the cause.
+    code = next((c for c in codes if c != -signal.SIGTERM), codes[0])
+    how = f"by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"with status {code}"
+    return InputError(display_path(path), "worker-died",
+                      f"the worker analysing this trace ended {how} (not out of memory); the other traces were "
+                      "analysed; run it alone with --jobs 1 to see more")
 
 
 # Runs `work` on every path of a list elsewhere (a cluster), returning one result per path in list order.

@@ -472,6 +472,10 @@ def _decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False)
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
     except msgspec.DecodeError as exc:
+        if head == b"[" and "truncated" in str(exc):
+            closed = _closed_array(path, data)
+            if closed is not None:
+                return closed
         if salvage and "truncated" in str(exc):
             return _salvage(path, data, start)
         offset = _error_offset(exc)
@@ -479,6 +483,23 @@ def _decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False)
             return _decode_nonfinite(path, data, salvage)
         return _decode_nonstandard(path, data, exc)
     raise TraceError("not-json", f"not a JSON object or list (starts with {bytes(data[start:start + 12])!r})")
+
+
+def _closed_array(path: str, data: Buffer) -> RawTrace | None:
+    """The array form with no closing ']' after its last complete event, as a process that died leaves it: the
+    Trace Event Format makes that ']' optional, so the trace is read as it is, with a note. None when the array
+    ends inside an event (that is a cut-off file: --salvage)."""
+    end = len(data)
+    while end and data[end - 1:end] in (b" ", b"\t", b"\r", b"\n", b","):
+        end -= 1
+    if data[end - 1:end] != b"}":
+        return None
+    try:
+        raw = _checked_list(RawTrace(path, len(data), Document(traceEvents=_EVENTS.decode(bytes(data[:end]) + b"]"))))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    raw.notes.append("the event array has no closing ']' (the Trace Event Format allows that): read as it is")
+    return raw
 
 
 def _checked_list(raw: RawTrace) -> RawTrace:
@@ -565,6 +586,10 @@ def _chunked(path: str, data: Buffer) -> RawTrace | None:
     middle cut inside a string shows up as a piece that does not parse; it is then joined to the next one."""
     key = _EVENTS_KEY.search(data)
     if key is None:
+        return None
+    if data.find(b'"traceEvents"', key.end()) >= 0:
+        # A second traceEvents key (or the name inside a string): one whole decode, where the last key wins as
+        # it does for a small document, so that the answer does not depend on the size.
         return None
     begin = key.end() - 1  # the "[" of the first traceEvents key
     starts, stops = _cuts(data, begin, len(data))

@@ -53,9 +53,12 @@ def small_trace(path: Path) -> Path:
 
 # --- a dead worker, and memory ---------------------------------------------------------------------
 def die_on_marked(path: str) -> str:
-    """Work for map_inputs: the worker given a file named 'die' is killed as the OOM killer would."""
+    """Work for map_inputs: the worker given a file named 'die' is killed as the OOM killer would, one named
+    'crash' by SIGSEGV (a crash in a native library)."""
     if "die" in Path(path).name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if "crash" in Path(path).name:
+        os.kill(os.getpid(), signal.SIGSEGV)
     return Path(path).name
 
 
@@ -68,6 +71,17 @@ def test_dead_worker_is_that_traces_error_and_the_rest_are_reported(tmp_path: Pa
     error = results[1]
     assert isinstance(error, loading.InputError) and error.path.endswith("die.json")
     assert error.message.startswith("out of memory while analysing") and "\n" not in error.message
+
+
+def test_a_worker_killed_by_another_signal_is_reported_as_what_it_was(tmp_path: Path):
+    names = ["a.json", "crash.json", "c.json"]
+    for name in names:
+        small_trace(tmp_path / name)
+    results = list(loading.map_inputs([str(tmp_path / n) for n in names], die_on_marked, jobs=2))
+    assert results[0] == "a.json" and results[2] == "c.json"
+    error = results[1]
+    assert isinstance(error, loading.InputError) and error.kind == "worker-died"
+    assert "ended by SIGSEGV (not out of memory)" in error.message and "\n" not in error.message
 
 
 def test_memory_is_checked_per_job_before_decoding(tmp_path: Path, monkeypatch):

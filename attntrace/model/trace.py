@@ -70,7 +70,25 @@ def _shared_strings(column: pl.Series) -> list[str]:
 
 
 def _decoded(args: Args) -> tuple[Any, Any, Any]:
-    return decode_raw(args.input_dims), decode_raw(args.input_types), decode_raw(args.concrete_inputs)
+    return (_as_dims(decode_raw(args.input_dims)), _as_list(decode_raw(args.input_types)),
+            _as_list(decode_raw(args.concrete_inputs)))
+
+
+def _as_list(value: Any) -> list[Any] | None:
+    return value if isinstance(value, list) else None
+
+
+def _as_dims(value: Any) -> list[Any] | None:
+    """Input Dims as a list of shapes (lists): writers that put an integer where a shape goes ("Input Dims": 5,
+    or [2, 3]) get each integer as a one-dimensional shape, anything else as an empty one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return [[value]]
+    if not isinstance(value, list):
+        return None
+    return [d if isinstance(d, list) else [d] if isinstance(d, int) and not isinstance(d, bool) else []
+            for d in value]
 
 
 @dataclass
