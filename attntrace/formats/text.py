@@ -58,9 +58,11 @@ def _finding(f: dict[str, Any], style: Any, stepped: bool = True) -> list[str]:
         lines += _wrapped("assumes: ", impact["assumption"])
     lines += _wrapped("fix: ", f["fix"])
     for c in f.get("consequences", ()):
-        head = f"includes {c['rule']} {c['name']} ({c['severity']}, counted in this cause): {c['message']}"
-        cut = width() - len(INDENT)
-        lines.append(INDENT + (head if len(head) <= cut else head[:cut - 3] + "..."))
+        # Two lines at most: what it is and its own size; the cause's fix removes it, its impact is counted above.
+        saves = f" ~{fmt_ms(c['impact']['gpu_us_per_step'])}" if c["impact"]["gpu_us_per_step"] else ""
+        lines += textwrap.wrap(f"includes {c['rule']} {c['name']}{saves}: {c['message']}", width(),
+                               initial_indent=INDENT, subsequent_indent=INDENT + "  ", max_lines=2,
+                               placeholder=" ...", break_long_words=False, break_on_hyphens=False)
     return lines
 
 
