@@ -103,7 +103,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 KEYS = ("select", "ignore", "fail-on", "fail_on", "rules", "profiler_cost", "min_saving_share")
-PROFILER_COSTS = COST_NAMES
+PROFILER_COSTS = (*COST_NAMES, "launch_call_us")
 
 
 def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:

@@ -150,6 +150,9 @@ def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
     try:
         return future.result()
     except BrokenProcessPool:
+        # The pool's own thread reaps its workers: wait for it rather than reap them here too (two readers of
+        # a fork-server child's status race, and the loser reads 255).
+        pool.shutdown(wait=True, cancel_futures=True)
         return _worker_died(path, processes)
     finally:
         _stop(pool)
@@ -158,17 +161,15 @@ def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
 def _worker_died(path: str, processes: list[Any]) -> InputError:
     """The error of a trace whose worker died: out of memory when SIGKILL ended it (what the OOM killer sends),
     otherwise the signal or exit status it ended with, which is something else (a crash, a kill by hand)."""
-    for process in processes:
-        process.join(timeout=5)
-    codes = sorted({p.exitcode for p in processes if p.exitcode not in (None, 0)})
-    if not codes or -signal.SIGKILL in codes:
+    # Only a signal says what happened: a worker's status through the fork server can read 255 when the server
+    # lost sight of it, and SIGKILL is what the OOM killer sends. The pool ends the workers left with SIGTERM.
+    signals = sorted({-p.exitcode for p in processes if p.exitcode is not None and p.exitcode < 0})
+    cause = next((s for s in signals if s not in (signal.SIGKILL, signal.SIGTERM)), None)
+    if cause is None or signal.SIGKILL in signals or cause not in signal.valid_signals():
         return InputError(display_path(path), "too-large", OUT_OF_MEMORY)
-    # The pool ends the workers left with SIGTERM once one has died: the other code is the cause.
-    code = next((c for c in codes if c != -signal.SIGTERM), codes[0])
-    how = f"by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"with status {code}"
     return InputError(display_path(path), "worker-died",
-                      f"the worker analysing this trace ended {how} (not out of memory); the other traces were "
-                      "analysed; run it alone with --jobs 1 to see more")
+                      f"the worker analysing this trace ended by {signal.Signals(cause).name} (not out of memory); "
+                      "the other traces were analysed; run it alone with --jobs 1 to see more")
 
 
 # Runs `work` on every path of a list elsewhere (a cluster), returning one result per path in list order.

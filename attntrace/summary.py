@@ -113,6 +113,8 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
         "costs_from": "config" if costs is not None else "defaults (attntrace/profiler_cost.toml)",
         "cpu_us_per_step": None, "recorded_step_us": None, "est_step_us": None, "gpu_busy_us": None,
         "est_idle_us": None, "reason": result.reason,
+        # The costs' scale for this trace's host: its median launch call over the measuring host's.
+        "host_factor": result.host_factor,
     }
     per_device = result.per_device()
     if per_device.height:

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLES
+from conftest import SAMPLES, sample
 
 from attntrace.api import lint as lint_api
 from attntrace.cli import main
@@ -76,7 +76,9 @@ def test_a_launch_bound_step_shrinks_by_the_profilers_cost_and_stays_launch_boun
     trace = load(calibration("tiny_ops.plain"))
     row = trace.replay.per_device().row(0, named=True)
     assert row["est_step_us"] < 0.85 * row["recorded_us"]  # the profiler's cost is taken out
-    assert row["est_step_us"] == pytest.approx(truth_us("tiny_ops", "plain"), rel=0.15)
+    # +18% since the costs follow the host's launch time (its launch calls ran at 0.89x the reference): the set
+    # as a whole moved closer (bench/fit_profiler_cost.py: mean error 20% -> 17%, held out max 25% -> 20%).
+    assert row["est_step_us"] == pytest.approx(truth_us("tiny_ops", "plain"), rel=0.2)
     assert row["est_idle_us"] > 0.8 * row["est_step_us"]  # and the GPU still waits for the CPU
 
 
@@ -213,3 +215,27 @@ def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, mon
     costs = read_config_file(project)["profiler_cost"]
     assert set(costs) == {*ProfilerCosts.__dataclass_fields__} - {"measured_on"} | {"measured_on"}
     assert costs["measured_on"]["device"] == "cpu" and costs["measured_on"]["loops"]["cpu_op_us"] > 0
+
+
+def test_the_costs_follow_the_hosts_launch_time():
+    # The same program captured twice (bf16_causal_fwd vs _v2): v2's launch calls took ~2x as long, and so did
+    # the profiler's cost; scaling by the trace's own launch time brings v2's replay near the timed 0.099 ms.
+    v1 = load(sample("bf16_causal_fwd/sdpa")).replay
+    v2 = load(sample("bf16_causal_fwd_v2/sdpa")).replay
+    assert v1.host_factor == pytest.approx(1.2, abs=0.15) and v2.host_factor == pytest.approx(2.5, abs=0.3)
+    est = float(v2.per_device()["est_step_us"].max())
+    assert est == pytest.approx(99.3, rel=0.15)
+    off = ProfilerCosts.from_table({"cpu_op_us": 2.0})  # a config without launch_call_us: no scaling
+    assert off.scaled_for(12.0) == (off, 1.0)
+
+
+@pytest.mark.parametrize("variant", ["naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+                                     "sdpa_cudnn", "sdpa", "compiled", "flex", "triton"])
+def test_the_same_program_captured_twice_gets_the_same_verdicts(variant):
+    from attntrace.engine import lint_trace
+
+    def verdicts(directory: str) -> list[tuple[str, str]]:
+        report = lint_trace(load(sample(f"{directory}/{variant}")))
+        return sorted((f["rule"], f["severity"]) for f in report.findings if "cause" not in f)
+
+    assert verdicts("bf16_causal_fwd") == verdicts("bf16_causal_fwd_v2")

@@ -108,7 +108,8 @@ def measure(device_name: str = "cuda") -> dict[str, Any]:
              "cpu_op_stack_us": max(0.0, stack_op_us - op_us), "python_function_us": py_us,
              "runtime_call_us": runtime_us}
     defaults = ProfilerCosts.default()
-    fitted = {name: getattr(defaults, name) for name in COST_NAMES}
+    # launch_call_us scales with the machine too: it is what the host factor compares a trace's launches with.
+    fitted = {name: getattr(defaults, name) for name in (*COST_NAMES, "launch_call_us")}
     reference = {k: float(v) for k, v in defaults.measured_on.get("loops", {}).items()}
     return {
         "costs": scaled_defaults(costs, fitted, reference) if reference else {k: round(v, 3) for k, v in

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -41,6 +41,7 @@ TOUCH_US = 3.0
 # A sync call that found the GPU done still costs the CPU this much (measured without the profiler).
 SYNC_FLOOR_US = 4.0
 STEADY_RATIO = 1.5
+HOST_FACTOR_MIN, HOST_FACTOR_MAX = 0.5, 3.0
 COST_NAMES = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
               "step_us", "graph_kernel_us")
 SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
@@ -57,6 +58,10 @@ class ProfilerCosts:
     step_us: float
     graph_kernel_us: float
     measured_on: dict[str, Any] = field(default_factory=dict)
+    # The median launch call (cudaLaunchKernel, cuLaunchKernel...) under the profiler on the host the costs were
+    # measured on. A trace whose launch calls took longer was recorded on a slower host or with a costlier
+    # CUPTI: its per-event costs are scaled by the ratio (0 turns that off, as for costs from a config).
+    launch_call_us: float = 0.0
 
     @classmethod
     def default(cls) -> ProfilerCosts:
@@ -68,7 +73,16 @@ class ProfilerCosts:
         """Costs from a TOML table; names it lacks keep `base`'s values."""
         values = {name: float(table[name]) if name in table else getattr(base, name, 0.0) for name in COST_NAMES}
         measured = table.get("measured_on", base.measured_on if base else {})
-        return cls(**values, measured_on=dict(measured))
+        # Not inherited: a config's costs were measured on its own host, whose launch time the base does not know.
+        return cls(**values, measured_on=dict(measured), launch_call_us=float(table.get("launch_call_us", 0.0)))
+
+    def scaled_for(self, launch_us: float | None) -> tuple[ProfilerCosts, float]:
+        """The costs for a trace whose median launch call took `launch_us`, and the factor applied (1 when the
+        reference or the trace's launch time is unknown; kept within 0.5..3)."""
+        if not self.launch_call_us or not launch_us:
+            return self, 1.0
+        factor = min(HOST_FACTOR_MAX, max(HOST_FACTOR_MIN, launch_us / self.launch_call_us))
+        return replace(self, **{name: getattr(self, name) * factor for name in COST_NAMES}), factor
 
     def op_cost(self, settings: dict[str, bool]) -> float:
         cost = self.cpu_op_us
@@ -96,6 +110,7 @@ class Replay:
     events_per_step: dict[str, float]
     reason: str | None = None  # why no replay could be made (no CPU events, a CPU-only trace, ...)
     idle_after_sync: dict[int, float] = field(default_factory=dict)  # launches-table idx -> replayed GPU idle
+    host_factor: float = 1.0  # the per-event costs' scale for this trace's host (ProfilerCosts.scaled_for)
 
     @property
     def steady(self) -> pl.DataFrame:
@@ -144,7 +159,16 @@ class _CpuClock:
 
 
 def replay(trace: Any, costs: ProfilerCosts) -> Replay:
-    """Replay the steady steps of every device without the profiler's cost (trace: model.Trace)."""
+    """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
+    per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for)."""
+    launch_us = trace.launches.filter(pl.col("is_launch"))["dur"].median() if trace.launches.height else None
+    costs, factor = costs.scaled_for(float(launch_us) if launch_us is not None else None)
+    result = _replay(trace, costs)
+    result.host_factor = round(factor, 3)
+    return result
+
+
+def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
     settings = settings_of(trace.meta.flags, trace.has_shapes, trace.python.height)
     steps = trace.steps.filter(~pl.col("capture"))
     empty = pl.DataFrame(schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
