@@ -357,7 +357,10 @@ def _calibrate_profiler(device: str) -> None:
     from attntrace.config import find_pyproject, write_profiler_costs
 
     target = find_pyproject(Path.cwd()) or Path.cwd() / "pyproject.toml"
-    result = profiler_cost.measure(device)
+    try:
+        result = profiler_cost.measure(device)
+    except RuntimeError as exc:  # too noisy to measure: one line, exit 2
+        raise click.ClickException(str(exc)) from exc
     text = profiler_cost.to_toml(result)
     try:
         write_profiler_costs(target, text)

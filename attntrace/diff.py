@@ -54,7 +54,7 @@ def _per_step(trace: Any, column: str) -> list[float]:
     return [float(v) for v in table.group_by("step").agg(pl.col(column).max()).sort("step")[column].to_list()]
 
 
-def _host_or_program(bt: Any, nt: Any, metrics: dict[str, Any]) -> str | None:
+def _host_or_program(metrics: dict[str, Any]) -> str | None:
     """Why the step changed, where the traces can say: the GPU's work, the CPU's work (more ops or launches per
     step), or only the speed of the host (the same CPU work, each runtime call slower by about as much)."""
     gpu = metrics["gpu_busy_us"]["change_pct"] or 0.0
@@ -119,7 +119,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "steps": {"base": bs.height, "new": ns.height},
         "metrics": metrics,
         "step": step,
-        "why": _host_or_program(bt, nt, metrics) if outside_noise else None,
+        "why": _host_or_program(metrics) if outside_noise else None,
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
         "findings": {
             "new": [_brief(after[k]) for k in sorted(set(after) - set(before))],

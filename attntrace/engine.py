@@ -76,10 +76,9 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     """A finding whose fix another finding's fix includes is a consequence of that cause: it says which rule
     (`subsumed_by`) and which finding (`cause`, its fingerprint), and its impact is not counted again. Leaving
     the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies, low-occupancy kernels and
-    per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101); tensor
-    cores for an FP32 GEMM (AT201) make its occupancy (AT401) moot; and the idle time after host syncs (AT302)
-    and of launch-bound steps (AT501) is part of the idle time AT402 reports for the same device, whose fix
-    names both."""
+    per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101); and the
+    idle time after host syncs (AT302) and of launch-bound steps (AT501) is part of the idle time AT402 reports
+    for the same device, whose fix names both. (AT401 leaves out the kernels AT201 and AT202 own itself.)"""
     rules = {f["rule"] for f in findings}
     idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"}
     for f in findings:
@@ -91,8 +90,6 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
             f["subsumed_by"] = "AT202"
         elif f["rule"] == "AT101" and "AT102" in rules and f["evidence"].get("in_unfused_attention"):
             f["subsumed_by"] = "AT102"
-        elif f["rule"] == "AT401" and f["evidence"].get("kernel_class") == "gemm_fp32_simt" and "AT201" in rules:
-            f["subsumed_by"] = "AT201"
         elif f["rule"] in IDLE_RULES and idle_devices and (
                 f["where"].get("device") in idle_devices or f["where"].get("device") is None):
             f["subsumed_by"] = "AT402"
@@ -120,12 +117,15 @@ def nest_consequences(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The causes, each holding its consequences (`consequences`, sorted like causes, a consequence of a
     consequence under the root cause): one finding per cause a user can fix with one change, in every format."""
     by_fingerprint = {f["fingerprint"]: f for f in findings}
+    nested: dict[str, list[dict[str, Any]]] = {}
     for f in sorted((f for f in findings if "cause" in f), key=sort_key):
         root = by_fingerprint[f["cause"]]
-        while "cause" in root and root is not f:
+        while "cause" in root:
             root = by_fingerprint[root["cause"]]
-        root.setdefault("consequences", []).append(f)
-    return [f for f in findings if "cause" not in f]
+        nested.setdefault(root["fingerprint"], []).append(f)
+    # New dicts: a trace's own findings stay flat, so assembling them twice nests nothing twice.
+    return [{**f, "consequences": nested[f["fingerprint"]]} if f["fingerprint"] in nested else f
+            for f in findings if "cause" not in f]
 
 
 def lint_path(path: str, settings: Settings, options: ReadOptions) -> TraceReport:

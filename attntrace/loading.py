@@ -159,8 +159,8 @@ def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
 
 
 def _worker_died(path: str, processes: list[Any]) -> InputError:
-    """The error of a trace whose worker died: out of memory when SIGKILL ended it (what the OOM killer sends),
-    otherwise the signal or exit status it ended with, which is something else (a crash, a kill by hand)."""
+    """The error of a trace whose worker died: out of memory when SIGKILL ended it (what the OOM killer sends) or
+    when no signal is known, otherwise the signal it ended with (a crash, a kill by hand)."""
     # Only a signal says what happened: a worker's status through the fork server can read 255 when the server
     # lost sight of it, and SIGKILL is what the OOM killer sends. The pool ends the workers left with SIGTERM.
     signals = sorted({-p.exitcode for p in processes if p.exitcode is not None and p.exitcode < 0})

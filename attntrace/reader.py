@@ -748,21 +748,11 @@ def _decode_tolerant(path: str, data: Buffer) -> RawTrace:
     except msgspec.DecodeError as exc:
         if "out of range" in str(exc):
             return _decode_out_of_range(path, data)
-        document = _with_non_finite(data)
-        if document is None:
-            raise TraceError("not-json", _json_problem(exc)) from exc
+        offset = _error_offset(exc)
+        if offset >= 0 and _NONFINITE.match(data, offset):  # as _decode does: Python's json writes them
+            return _decode_nonfinite(path, data, False)
+        raise TraceError("not-json", _json_problem(exc)) from exc
     return _from_builtins(path, len(data), document)
-
-
-def _with_non_finite(data: Buffer) -> Any:
-    """The document of a writer that put Infinity, -Infinity or NaN where JSON has no such numbers (Python's
-    json.dumps does), those read as null; None when it is not JSON for another reason."""
-    if not any(token in data for token in (b"Infinity", b"NaN")):
-        return None
-    try:
-        return json.loads(bytes(data), parse_constant=lambda _: None)
-    except (ValueError, RecursionError):
-        return None
 
 
 # A number too large for a float, by its exponent (1e999) or its digits (over 308 of them, which msgspec also

@@ -49,32 +49,23 @@ def render(report: dict[str, Any]) -> str:
     header = "| | rule | finding | saves/step | fix |\n|---|---|---|---|---|"
     rows_md = [_row(f) for f in report["findings"]]
     budget = COMMENT_LIMIT - len("\n".join(out)) - len("\n".join(tail)) - 600  # room for the notes below
-    top, rest = rows_md[:TOP_CAUSES], rows_md[TOP_CAUSES:]
-    if top:
-        out += ["", header]
-    used = len(header)
-    shown = 0
-    for row in top:
+    fitting: list[str] = []  # the rows, in order, while they fit the comment
+    used = 2 * len(header)
+    for row in rows_md:
         if used + len(row) + 1 > budget:
             break
-        out.append(row)
+        fitting.append(row)
         used += len(row) + 1
-        shown += 1
-    rest = rows_md[shown:]
-    if rest:
-        folded: list[str] = []
-        for row in rest:
-            if used + len(row) + 1 > budget:
-                break
-            folded.append(row)
-            used += len(row) + 1
-        if folded:
-            out += ["", f"<details><summary>{len(folded)} more cause(s)</summary>", "", header, *folded, "",
-                    "</details>"]
-        cut = len(rest) - len(folded)
-        if cut:
-            out += ["", f"_{cut} more cause(s) did not fit in a comment ({COMMENT_LIMIT:,} characters): run "
-                        "`attntrace lint --format json` or `--format html` for all of them._"]
+    top, folded = fitting[:TOP_CAUSES], fitting[TOP_CAUSES:]
+    if top:
+        out += ["", header, *top]
+    if folded:
+        out += ["", f"<details><summary>{len(folded)} more cause(s)</summary>", "", header, *folded, "",
+                "</details>"]
+    cut = len(rows_md) - len(fitting)
+    if cut:
+        out += ["", f"_{cut} more cause(s) did not fit in a comment ({COMMENT_LIMIT:,} characters): run "
+                    "`attntrace lint --format json` or `--format html` for all of them._"]
     out += tail
     return "\n".join(out) + "\n"
 

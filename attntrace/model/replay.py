@@ -161,7 +161,9 @@ class _CpuClock:
 def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
     per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for)."""
-    launch_us = trace.launches.filter(pl.col("is_launch"))["dur"].median() if trace.launches.height else None
+    # CUDA launch calls only: the reference was measured on one (a HIP launch costs what ROCm's runtime does).
+    launch_us = (trace.launches.filter(pl.col("is_launch") & pl.col("name").str.starts_with("cu"))["dur"].median()
+                 if trace.launches.height else None)
     costs, factor = costs.scaled_for(float(launch_us) if launch_us is not None else None)
     result = _replay(trace, costs)
     result.host_factor = round(factor, 3)
