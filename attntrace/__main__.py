@@ -35,10 +35,11 @@ def entry() -> None:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupted)
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
-        from attntrace import reader, workers  # light: no polars
+        from attntrace import workers
+        from attntrace.read.raw import CHUNK_BYTES  # light: no polars
 
         # The server that forks decoding workers imports polars while this process does (0.3 s each).
-        workers.warm_up_for((arg for arg in sys.argv[2:] if not arg.startswith("-")), reader.CHUNK_BYTES)
+        workers.warm_up_for((arg for arg in sys.argv[2:] if not arg.startswith("-")), CHUNK_BYTES)
     from attntrace.cli import main
 
     try:

@@ -16,10 +16,10 @@ from typing import Any
 import orjson
 import polars as pl
 
+from attntrace.errors import TraceError
 from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
 from attntrace.output import WouldOverwriteInput, replacing
-from attntrace.reader import TraceError
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
@@ -189,7 +189,7 @@ def targets_for(paths: list[str], out: str) -> dict[str, str]:
     """Where each input trace's annotated copy goes. One input file: OUT is the file (or a directory to put
     it in, when it is one). A directory: OUT is a directory with the same relative names. Several inputs:
     OUT is a directory with each input's name under it. Raises ValueError on stdin or clashing names."""
-    from attntrace.reader import discover
+    from attntrace.read.inputs import discover
 
     if "-" in paths:
         raise ValueError("--annotate needs trace files or directories, not stdin")

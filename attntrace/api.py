@@ -274,7 +274,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
     from attntrace import engine
     from attntrace.loading import InputError, map_inputs
-    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions, input_roots
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
 
     chosen = build_settings(select, ignore, settings, fail_on, config)
     names = _paths(paths)
@@ -313,7 +313,7 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     """`attntrace summary` of one trace. Raises TraceReadError (one line, naming the file) when it cannot
     be read."""
     from attntrace.loading import load
-    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
     from attntrace.summary import summarize as numbers
 
     name = os.fspath(path)

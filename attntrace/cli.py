@@ -112,7 +112,7 @@ class ByteSize(click.ParamType):
 
 
 def _read_options(max_size: int | None, salvage: bool) -> Any:
-    from attntrace.reader import DEFAULT_MAX_BYTES, ReadOptions
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
 
     return ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
 

@@ -15,7 +15,7 @@ from attntrace import stats
 from attntrace.engine import TraceReport, lint_trace
 from attntrace.loading import InputError, display_path, guarded, load
 from attntrace.model.identity import fold_name, trace_label
-from attntrace.reader import discover
+from attntrace.read import discover
 
 CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
 

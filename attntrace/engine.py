@@ -14,7 +14,7 @@ from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model import Trace
 from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
-from attntrace.reader import ReadOptions, input_roots
+from attntrace.read import ReadOptions, input_roots
 from attntrace.report import SEVERITY_RANK, TraceReport, severity_counts, sort_key
 from attntrace.summary import summarize
 

@@ -1,5 +1,5 @@
 """What the read layer and the sources below it share: the error an unusable input raises, and which file names
-are traces. A module of its own so that `sources` (URLs) needs nothing of `reader`, which uses it."""
+are traces. A module of its own so that `sources` (URLs) needs nothing of the read layer, which uses it."""
 
 from __future__ import annotations
 

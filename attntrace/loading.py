@@ -14,9 +14,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from attntrace import model, reader, workers
+from attntrace import model, read, workers
+from attntrace.errors import TraceError
 from attntrace.model.identity import trace_label
-from attntrace.reader import TraceError
 
 T = TypeVar("T")
 SKIPPED = "skipped"  # the kind of an InputError that is a note, not a failure
@@ -48,9 +48,10 @@ def display_path(path: str) -> str:
         return path.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def load(path: str, options: reader.ReadOptions = reader.ReadOptions()) -> model.Trace:  # noqa: B008
-    workers.warm_up_for([path], reader.CHUNK_BYTES)
-    raw = reader.read(path, options)
+def load(path: str, options: read.ReadOptions | None = None) -> model.Trace:
+    workers.warm_up_for([path], read.CHUNK_BYTES)
+    options = options or read.ReadOptions()
+    raw = read.read(path, options)
     raw.path = display_path(path)
     trace = model.build(raw)
     trace.label = trace_label(trace.path, tuple(map(display_path, options.roots)), trace.meta.rank)
@@ -194,7 +195,7 @@ def _openable_elsewhere(path: str) -> bool:
 def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
                runner: Runner | None = None) -> Iterator[T | InputError]:
     """Apply `work` to every trace found under `paths`, in input order, `jobs` at a time (or by `runner`)."""
-    found = list(reader.discover(paths))
+    found = list(read.discover(paths))
     todo = [item[0] for item in found if isinstance(item, tuple)]
     if runner is not None:
         done: Iterator[T | InputError] = iter(runner(todo, work))

@@ -18,7 +18,7 @@ def _terminal() -> bool:
 
 def _input_bytes(paths: list[str]) -> tuple[int, int]:
     """(trace files, bytes on disk) under the paths, without reading them."""
-    from attntrace.reader import discover
+    from attntrace.read import discover
 
     files = [item[0] for item in discover(paths) if isinstance(item, tuple) and item[0] != "-"]
     sizes = []

@@ -94,7 +94,7 @@ def _is_trace_name(path: str) -> bool:
 
 
 def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
-    """Expand one URL as `reader.discover` expands a local path: a glob or a prefix ("directory") becomes its
+    """Expand one URL as `read.inputs.discover` expands a local path: a glob or a prefix ("directory") becomes its
     trace objects, sorted; yield (url, found under a prefix or glob) or why the URL is unusable."""
     name = shown(given)
     if urlsplit(given).password:

@@ -112,7 +112,7 @@ def ignore_sigint() -> None:
 
 
 def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
-    """Start the server when one of these files looks bigger than one piece of `piece_bytes` (reader's
+    """Start the server when one of these files looks bigger than one piece of `piece_bytes` (the read layer's
     CHUNK_BYTES, given by the caller: this module is below the reader), so that its imports overlap this
     process's own (the CLI calls it before it imports polars). A gzip file is guessed at ten times its size; a
     path that is not a file is passed over."""

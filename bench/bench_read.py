@@ -37,11 +37,11 @@ PYTHON = sys.executable
 STAGES = """
 import json, resource, sys, time
 t = [time.perf_counter()]
-from attntrace import reader, workers
-workers.warm_up_for(sys.argv[1:2], reader.CHUNK_BYTES)  # as the CLI does: the server imports while this does
+from attntrace import read, workers
+workers.warm_up_for(sys.argv[1:2], read.CHUNK_BYTES)  # as the CLI does: the server imports while this does
 from attntrace import engine, model, summary
 t.append(time.perf_counter())
-raw = reader.read(sys.argv[1])
+raw = read.read(sys.argv[1])
 t.append(time.perf_counter())
 trace = model.build(raw)
 t.append(time.perf_counter())

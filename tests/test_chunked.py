@@ -11,9 +11,16 @@ import pytest
 from conftest import sample
 
 from attntrace import engine as lint
-from attntrace import reader, workers
+from attntrace import read, workers
 from attntrace.catalog import load_rules
 from attntrace.loading import load
+from attntrace.read import buffers, decoding
+
+
+def cut_into_pieces_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Pieces of `size` bytes: the decoder cuts a larger trace at that size, and a larger file is mapped."""
+    monkeypatch.setattr(decoding, "CHUNK_BYTES", size)
+    monkeypatch.setattr(buffers, "CHUNK_BYTES", size)
 
 
 def report(path: str) -> bytes:
@@ -25,8 +32,8 @@ def test_pieces_give_the_same_report(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "t.pt.trace.json"
     path.write_bytes(gzip.decompress(Path(sample(name)).read_bytes()))
     whole = report(str(path))
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 16 << 10)
-    raw = reader.read(str(path))
+    cut_into_pieces_of(monkeypatch, 16 << 10)
+    raw = read.read(str(path))
     assert raw.chunks is not None and len(list(raw.event_chunks())) > 5
     assert report(str(path)) == whole
     assert path.read_bytes() == gzip.decompress(Path(sample(name)).read_bytes())  # the file is untouched
@@ -39,8 +46,8 @@ def test_compact_layout_is_cut_into_pieces_too(tmp_path: Path, monkeypatch: pyte
     path.write_bytes(orjson.dumps(orjson.loads(gzip.decompress(Path(sample(name)).read_bytes()))))
     assert b"},{" in path.read_bytes() and b"}, {" not in path.read_bytes()
     whole = report(str(path))
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 16 << 10)
-    assert len(list(reader.read(str(path)).event_chunks())) > 5
+    cut_into_pieces_of(monkeypatch, 16 << 10)
+    assert len(list(read.read(str(path)).event_chunks())) > 5
     assert report(str(path)) == whole
 
 
@@ -52,7 +59,7 @@ def test_a_compact_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: p
                "args": {"correlation": i}} for i in range(3000)]
     path = tmp_path / "t.json"
     path.write_bytes(orjson.dumps({"traceEvents": [*events[:1500], odd, *events[1500:]], "traceName": "x"}))
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    cut_into_pieces_of(monkeypatch, 1 << 10)
     trace = load(str(path))
     assert trace.ops["name"].to_list() == [odd["name"]]
     assert trace.gpu["name"].to_list() == [f"k{i}" for i in range(3000)]
@@ -63,11 +70,11 @@ def test_pieces_decoded_in_worker_processes_give_the_same_tables(tmp_path: Path,
     path = tmp_path / "t.pt.trace.json"
     path.write_bytes(orjson.dumps(orjson.loads(gzip.decompress(Path(sample("workloads/gpt2_eager_train"))
                                                                .read_bytes()))))
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
+    cut_into_pieces_of(monkeypatch, 256 << 10)
     here = load(str(path))
     whole = report(str(path))
     monkeypatch.setenv(workers.WORKERS_ENV, "2")
-    assert workers.read_workers(len(reader.read(str(path)).pieces)) == 2
+    assert workers.read_workers(len(read.read(str(path)).pieces)) == 2
     there = load(str(path))
     for kind in ("ops", "launches", "gpu", "flows", "gpu_annotations", "python"):
         assert getattr(there, kind).equals(getattr(here, kind)), kind
@@ -85,7 +92,7 @@ def test_a_cut_inside_an_event_falls_back(tmp_path: Path, monkeypatch: pytest.Mo
                        "traceName": "x"}, indent=1).encode()
     path = tmp_path / "t.json"
     path.write_bytes(text)
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    cut_into_pieces_of(monkeypatch, 1 << 10)
     trace = load(str(path))
     assert trace.gpu.height == 3000 and trace.ops["name"].to_list() == ["odd"]
     assert trace.gpu["name"].to_list() == [f"k{i}" for i in range(3000)]
@@ -97,7 +104,7 @@ def test_malformed_events_in_a_piece_are_dropped_and_counted(tmp_path: Path, mon
     events[1700] = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": {"bad": 1}}
     path = tmp_path / "t.json"
     path.write_bytes(json.dumps({"traceEvents": events}, indent=1).encode())
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    cut_into_pieces_of(monkeypatch, 1 << 10)
     trace = load(str(path))
     assert trace.gpu.height == 1999 and trace.meta.dropped_events == 1
     assert trace.meta.notes == ["1 malformed events ignored"]
@@ -115,7 +122,7 @@ def test_broken_json_inside_a_later_piece_is_a_one_line_error(tmp_path: Path, mo
     assert broken != text
     path = tmp_path / "t.json"
     path.write_bytes(broken)
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 1 << 10)
+    cut_into_pieces_of(monkeypatch, 1 << 10)
     result = CliRunner().invoke(main, ["lint", str(path)])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "not valid JSON" in result.stderr and "internal error" not in result.stderr
@@ -142,7 +149,7 @@ def test_a_problem_inside_a_piece_reads_as_in_a_small_file(tmp_path: Path, monke
     for size in (1 << 10, 64 << 20):  # in pieces, and whole
         path = tmp_path / f"t{size}.json"
         path.write_bytes(text.replace(change, outcome, 1))
-        monkeypatch.setattr(reader, "CHUNK_BYTES", size)
+        cut_into_pieces_of(monkeypatch, size)
         result = CliRunner().invoke(main, ["lint", str(path), "--format", "json"])
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
         assert "internal error" not in result.stderr
@@ -171,8 +178,8 @@ def test_cuts_never_land_in_the_lists_after_the_events(tmp_path: Path, monkeypat
     path.write_bytes(orjson.dumps({**doc, "traceEvents": events, "deviceProperties": devices}, option=option))
     whole = report(str(path))
     for size in (4 << 10, 16 << 10, 64 << 10):
-        monkeypatch.setattr(reader, "CHUNK_BYTES", size)
-        raw = reader.read(str(path))
+        cut_into_pieces_of(monkeypatch, size)
+        raw = read.read(str(path))
         assert raw.pieces is not None and len(raw.pieces) > 3
         assert [d["name"] for d in raw.document.deviceProperties] == [f"GPU {i}" for i in range(400)]
         assert report(str(path)) == whole
@@ -192,14 +199,14 @@ def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp
     from attntrace.model import tables
 
     _, plain, packed = _plain_and_packed(tmp_path)
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 256 << 10)
+    cut_into_pieces_of(monkeypatch, 256 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
     alone = _tables_of(str(plain))
-    assert reader.read(str(plain)).pieces.source == str(plain)
-    assert reader.read(str(packed)).pieces.source is None  # gunzipped: the file does not hold these bytes
+    assert read.read(str(plain)).pieces.source == str(plain)
+    assert read.read(str(packed)).pieces.source is None  # gunzipped: the file does not hold these bytes
     monkeypatch.setenv(workers.WORKERS_ENV, "3")
     for path in (plain, packed):
-        raw = reader.read(str(path))
+        raw = read.read(str(path))
         assert tables._split_parallel(raw, raw.take_pieces(), 3) is not None  # no fallback to one process
         for kind, table in _tables_of(str(path)).items():
             assert table.equals(alone[kind]), (path.name, kind)
@@ -210,10 +217,10 @@ def test_a_large_file_is_mapped_left_unchanged_and_read_as_its_bytes(tmp_path: P
     import mmap
 
     text, plain, packed = _plain_and_packed(tmp_path)
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 64 << 10)
+    cut_into_pieces_of(monkeypatch, 64 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
-    assert isinstance(reader.read(str(plain)).pieces.data, mmap.mmap)
-    assert isinstance(reader.read(str(packed)).pieces.data, bytearray)
+    assert isinstance(read.read(str(plain)).pieces.data, mmap.mmap)
+    assert isinstance(read.read(str(packed)).pieces.data, bytearray)
     mapped, in_memory = _tables_of(str(plain)), _tables_of(str(packed))
     for kind, table in mapped.items():
         assert table.equals(in_memory[kind]), kind

@@ -131,9 +131,9 @@ def _gone(client: Any, pid: int) -> bool:
 
 
 def _wait_long_for_fifo_writers() -> None:
-    from attntrace import reader
+    from attntrace.read import buffers
 
-    reader.FIFO_WAIT_S = 600.0  # the test kills the worker long before
+    buffers.FIFO_WAIT_S = 600.0  # the test kills the worker long before
 
 
 def _fifo_beside(traces: Path) -> Path:

@@ -26,8 +26,9 @@ from click.testing import CliRunner
 from conftest import ROOT, SAMPLES, sample
 from test_hostile import run_measured
 
-from attntrace import loading, reader, workers
+from attntrace import loading, read, workers
 from attntrace.cli import main
+from attntrace.read import buffers, decoding
 
 NAIVE = sample("bf16_causal_fwd/naive")
 CLI = [sys.executable, "-m", "attntrace"]
@@ -87,9 +88,9 @@ def test_a_worker_killed_by_another_signal_is_reported_as_what_it_was(tmp_path: 
 def test_memory_is_checked_per_job_before_decoding(tmp_path: Path, monkeypatch):
     small = small_trace(tmp_path / "small.json")
     # Enough for the small trace, not for the 90 KB sample: it must be refused in one line, before decoding.
-    monkeypatch.setattr(reader, "available_memory", lambda: 100_000)
+    monkeypatch.setattr(buffers, "available_memory", lambda: 100_000)
     decoded = []
-    monkeypatch.setattr(reader, "decode", lambda *a, **k: decoded.append(a[0]) or reader._decode(*a, **k))
+    monkeypatch.setattr(read, "decode", lambda *a, **k: decoded.append(a[0]) or decoding.decode(*a, **k))
     result = run("lint", "--format", "json", "-j1", "--fail-on", "never", NAIVE, str(small))
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "needs about" in result.stderr and "GiB is available" in result.stderr
@@ -97,12 +98,12 @@ def test_memory_is_checked_per_job_before_decoding(tmp_path: Path, monkeypatch):
     assert report["traces"][0]["error"]["kind"] == "too-large" and report["traces"][1]["error"] is None
     assert decoded == [str(small)]
     monkeypatch.setattr(workers, "CONCURRENT_JOBS", 4)
-    with pytest.raises(reader.TraceError, match="for each of 4 jobs"):
-        reader.check_memory(30_000)
+    with pytest.raises(read.TraceError, match="for each of 4 jobs"):
+        buffers.check_memory(30_000)
 
 
 def test_available_memory_reads_the_system():
-    available = reader.available_memory()
+    available = buffers.available_memory()
     assert available is not None and available > 0
 
 
@@ -261,9 +262,9 @@ def test_unreadable_subdirectory_is_reported_not_skipped_in_silence(tmp_path: Pa
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    found = list(reader.discover([str(tmp_path)]))
+    found = list(read.discover([str(tmp_path)]))
     assert found[0] == (str(tmp_path / "ok" / "t.json"), True)
-    assert isinstance(found[1], reader.TraceError) and found[1].path.endswith("locked")
+    assert isinstance(found[1], read.TraceError) and found[1].path.endswith("locked")
     assert "Permission denied" in found[1].message
 
 
@@ -397,7 +398,7 @@ def test_closed_pipe_exits_with_the_status_of_sigpipe():
 def test_fifo_in_a_directory_is_passed_over(tmp_path: Path):
     small_trace(tmp_path / "t.json")
     os.mkfifo(tmp_path / "waiting.json")
-    assert list(reader.discover([str(tmp_path)])) == [(str(tmp_path / "t.json"), True)]
+    assert list(read.discover([str(tmp_path)])) == [(str(tmp_path / "t.json"), True)]
     result = run("lint", "--format", "json", str(tmp_path), "--fail-on", "never")
     assert result.exit_code == 0 and orjson.loads(result.stdout)["summary"]["traces"] == 1
 
@@ -423,7 +424,7 @@ def test_fifo_named_on_the_command_line_is_read_as_a_stream(tmp_path: Path):
 def test_fifo_without_a_writer_is_refused_not_waited_on_forever(tmp_path: Path, monkeypatch):
     fifo = tmp_path / "nobody.json"
     os.mkfifo(fifo)
-    monkeypatch.setattr(reader, "FIFO_WAIT_S", 0.2)
+    monkeypatch.setattr(buffers, "FIFO_WAIT_S", 0.2)
     result = run("lint", str(fifo), small_trace(tmp_path / "t.json").as_posix(), "-j1", "--fail-on", "never")
     assert result.exit_code == 2 and "FIFO with no writer" in result.stderr and result.stderr.count("\n") == 1
 
@@ -482,7 +483,7 @@ def test_salvage_counts_the_events_of_a_large_cut_off_trace(tmp_path: Path):
     doc = naive_doc()
     doc["traceEvents"] = doc["traceEvents"] * 300  # past the 16 MiB pieces of the chunked decode
     data = json.dumps(doc).encode()
-    assert len(data) > reader.CHUNK_BYTES
+    assert len(data) > read.CHUNK_BYTES
     cut = data[: int(len(data) * 0.7)]
     path = tmp_path / "cut.json"
     path.write_bytes(cut)
@@ -553,13 +554,13 @@ def test_a_ulimit_on_address_space_is_checked_before_decoding():
     # and a 1 MB one is not.
     script = (
         "import resource\n"
-        "from attntrace import reader\n"
+        "from attntrace.read import buffers\n"
         "size = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:'))\n"
         "resource.setrlimit(resource.RLIMIT_AS, (size + (200 << 20), resource.RLIM_INFINITY))\n"
-        "reader.check_memory(1 << 20)\n"
+        "buffers.check_memory(1 << 20)\n"
         "try:\n"
-        "    reader.check_memory(100 << 20)\n"
-        "except reader.TraceError as exc:\n"
+        "    buffers.check_memory(100 << 20)\n"
+        "except buffers.TraceError as exc:\n"
         "    print(exc.kind, exc.message)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -572,7 +573,7 @@ def test_endless_stream_of_non_json_stops_after_its_first_piece():
     with open("/dev/zero", "rb") as zeros:
         done = subprocess.run([*CLI, "lint", "-"], stdin=zeros, capture_output=True, cwd=ROOT)
         assert done.returncode == 2 and b"not a JSON object or list (starts with b'\\x00" in done.stderr
-        assert len(reader._read_stream(zeros, 1 << 40)) <= reader.STREAM_CHUNK
+        assert len(buffers._read_stream(zeros, 1 << 40)) <= buffers.STREAM_CHUNK
 
 
 def test_semaphores_left_at_exit_are_cleaned_up_without_a_warning() -> None:

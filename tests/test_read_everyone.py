@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import sample
 from tracebuild import data, read_json, write_json
 
-from attntrace import reader, taxonomy
+from attntrace import read, taxonomy
 from attntrace.cli import main
 from attntrace.engine import lint_trace
 from attntrace.loading import load
@@ -25,7 +25,7 @@ from attntrace.summary import summarize
 NAIVE = sample("bf16_causal_fwd/naive")
 
 
-def _big(doc: dict[str, Any], minimum: int = reader.CHUNK_BYTES + (1 << 20)) -> dict[str, Any]:
+def _big(doc: dict[str, Any], minimum: int = read.CHUNK_BYTES + (1 << 20)) -> dict[str, Any]:
     """The document with its events repeated (ids and times shifted) until it is larger than one decode piece."""
     events = doc["traceEvents"]
     out, shift = [], 0
@@ -65,7 +65,7 @@ def test_nan_in_a_large_trace_is_read_as_missing(tmp_path: Path):
     text = orjson.dumps(big).replace(b'"dur":', b'"dur":NaN,"x":', 3)
     path = tmp_path / "nan.json"
     path.write_bytes(text)
-    assert len(text) > reader.CHUNK_BYTES
+    assert len(text) > read.CHUNK_BYTES
     trace = load(str(path))
     assert any("NaN" in note for note in trace.meta.notes)
     assert trace.gpu.height > 0
@@ -76,7 +76,7 @@ def test_json_error_offset_counts_from_the_file_start(tmp_path: Path):
     broken = text.index(b"},{", len(text) - 5000) + 1  # a comma between two events
     path = tmp_path / "broken.json"
     path.write_bytes(text[:broken] + b"@" + text[broken + 1:])
-    with pytest.raises(reader.TraceError) as err:
+    with pytest.raises(read.TraceError) as err:
         load(str(path))
     offset = int(re.search(r"byte (\d+)", err.value.message).group(1))
     assert abs(offset - broken) < 64

@@ -11,7 +11,7 @@ import orjson
 from click.testing import CliRunner
 from conftest import sample
 
-from attntrace import reader
+from attntrace import read
 from attntrace.cli import main
 
 NAIVE = sample("bf16_causal_fwd/naive")
@@ -44,7 +44,7 @@ def test_the_array_form_without_its_closing_bracket_is_read_with_a_note(tmp_path
 def test_a_repeated_trace_events_key_gives_the_last_one_at_every_size(tmp_path: Path):
     events = json.dumps(_events())
     padding = json.dumps([{"ph": "i", "name": "pad", "pid": 9, "tid": 9, "ts": 0, "s": "t", "args": {"x": "y" * 200}}]
-                         * (reader.CHUNK_BYTES // 250 + 10))
+                         * (read.CHUNK_BYTES // 250 + 10))
     for name, body in (("small", events), ("large", events[:-1] + ", " + padding[1:])):
         first_empty = tmp_path / f"{name}_last.json"
         first_empty.write_text('{"traceEvents": [], "traceEvents": ' + body + "}")

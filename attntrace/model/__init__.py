@@ -14,7 +14,7 @@ from attntrace import taxonomy
 from attntrace.model.intervals import busy_us
 from attntrace.model.tables import split_trace
 from attntrace.model.trace import Trace, TraceMeta
-from attntrace.reader import RawTrace
+from attntrace.read.raw import RawTrace
 
 __all__ = ["Trace", "TraceMeta", "build", "busy_us"]
 

@@ -23,16 +23,11 @@ from typing import Any, overload
 import msgspec
 import polars as pl
 
-from attntrace import reader, workers
+from attntrace import workers
 from attntrace.events import Args, Begin, Complete, Document, End, Event, TraceEvent
-from attntrace.reader import (
-    Pieces,
-    RawTrace,
-    bracketed,
-    decode_piece,
-    decode_pieces,
-    decode_span,
-)
+from attntrace.read.buffers import let_go
+from attntrace.read.decoding import Undecodable, bracketed, decode_piece, decode_pieces, decode_span, redecode
+from attntrace.read.raw import Pieces, RawTrace
 
 # Categories by kind, current and older spellings and other vendors (TRACE_FORMAT.md).
 CPU_OP_CATS = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "user_annotation"}
@@ -245,10 +240,10 @@ def split_trace(raw: RawTrace) -> Tables:
     try:
         # Not held here: the file's buffer goes as soon as the pieces are decoded, before their tables are joined.
         return _split_pieces(raw, raw.take_pieces())  # type: ignore[arg-type]
-    except reader.Undecodable as failed:
+    except Undecodable as failed:
         pieces = failed.pieces
     # Decoded again here, once the failed attempt's frames (views of the buffer) are gone.
-    again = reader.redecode(raw, pieces)
+    again = redecode(raw, pieces)
     del pieces
     raw.document, raw.notes, raw.dropped_events, raw.incomplete = (again.document, again.notes,
                                                                    again.dropped_events, again.incomplete)
@@ -327,7 +322,7 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                     return None
                 done[front] = _piece_parts(events)
                 del events
-                reader.let_go(pieces.data, *pieces.spans[front])
+                let_go(pieces.data, *pieces.spans[front])
                 front += 1
             for i in sorted(running):  # popped as received: a finished future holds its result's IPC bytes
                 if not receive(i, running.pop(i)):

@@ -16,7 +16,7 @@ from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
 from attntrace.model.replay import ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
-from attntrace.reader import decode_raw
+from attntrace.read.decoding import decode_raw
 
 if TYPE_CHECKING:
     from attntrace.model.tables import OpInputs

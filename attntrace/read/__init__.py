@@ -1,0 +1,40 @@
+"""The read layer: from what the user named to decoded events, in one module per concern.
+
+- inputs: finding the inputs (files, directories, globs, stdin, URLs);
+- buffers: getting the bytes (mmap, streams, FIFOs, size limits, the memory guard);
+- encodings: gzip and text encodings;
+- decoding: JSON into typed events, whole or in pieces, tolerant of odd events;
+- salvage: the complete events of a cut-off file;
+- raw: what they build (RawTrace, Pieces, ReadOptions).
+"""
+
+from __future__ import annotations
+
+from attntrace.errors import TraceError
+from attntrace.read.buffers import check_memory, is_file_of, let_go, load_bytes
+from attntrace.read.decoding import decode, salvaged
+from attntrace.read.inputs import discover, input_roots
+from attntrace.read.raw import CHUNK_BYTES, DEFAULT_MAX_BYTES, RawTrace, ReadOptions
+
+__all__ = ["CHUNK_BYTES", "DEFAULT_MAX_BYTES", "RawTrace", "ReadOptions", "TraceError", "discover", "input_roots",
+           "read"]
+
+
+def read(path: str, options: ReadOptions | None = None) -> RawTrace:
+    """One trace, read and decoded (in pieces when large); TraceError with a one-line reason otherwise."""
+    options = options or ReadOptions()
+    data, cut = load_bytes(path, options.max_bytes, options.salvage)
+    check_memory(len(data))
+    if not cut:
+        raw = decode(path, data, options.salvage)
+        if raw.pieces is not None and raw.pieces.data is data and not raw.rewritten and is_file_of(path, data):
+            raw.pieces.source = path
+        let_go(data, 0, len(data))  # what the checks over the whole file read in: pieces are read again as decoded
+        return raw
+    try:
+        raw = decode(path, data, salvage=False)
+    except TraceError:
+        return salvaged(path, data)
+    raw.incomplete = True
+    raw.notes.append("incomplete trace: the gzip stream was cut off")
+    return raw

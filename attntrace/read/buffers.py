@@ -1,0 +1,220 @@
+"""Getting a trace's bytes: regular files (mapped copy-on-write when large, pages let go once decoded), stdin,
+pipes and FIFOs (bounded reads, a FIFO without a writer refused after a wait), URLs through attntrace.sources,
+the size limit (--max-size), and the memory guard that refuses a trace the memory left cannot analyse."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from attntrace import workers
+from attntrace.errors import TraceError
+from attntrace.read.encodings import gunzip, may_be_a_trace
+from attntrace.read.raw import CHUNK_BYTES, DEFAULT_MAX_BYTES, Buffer
+
+STREAM_CHUNK = 1 << 20
+
+
+FIFO_WAIT_S = 10.0  # how long a named FIFO may wait for its writer before it is refused
+
+
+def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> tuple[Buffer, bool]:
+    """The file's bytes (private and mutable: a copy, or a large file mapped copy-on-write), gunzipped when they
+    are gzip, refusing more than max_bytes decompressed, and whether the gzip stream was cut off (only returned,
+    not refused, with salvage).
+
+    A regular file's size is checked before it is read; a stream (stdin, a pipe, a FIFO, process
+    substitution) is read to its end and refused as soon as it passes the limit. A URL is read through
+    attntrace.sources with the same limit."""
+    from attntrace import sources
+
+    try:
+        if path == "-":
+            if sys.stdin is None:  # started with stdin closed (<&-)
+                raise TraceError("unreadable", "stdin is closed")
+            data = _read_stream(sys.stdin.buffer, max_bytes)
+        elif sources.is_url(path):
+            data = sources.read_bytes(path, max_bytes)
+        else:
+            with _open(path) as fh:
+                info = os.fstat(fh.fileno())
+                if stat.S_ISDIR(info.st_mode):
+                    raise TraceError("unreadable", "is a directory")
+                if stat.S_ISREG(info.st_mode):
+                    # gzip a little over the limit may hold less once decompressed, never far less.
+                    if info.st_size > max_bytes + (1 << 20):
+                        raise TraceError("too-large", f"{info.st_size} bytes is over the limit of {max_bytes} "
+                                         "bytes (--max-size)")
+                    data = _mapped(fh, info.st_size) or _read_regular(fh, info.st_size)
+                else:
+                    data = _read_stream(fh, max_bytes)
+    except IsADirectoryError as exc:
+        raise TraceError("unreadable", "is a directory") from exc
+    except OSError as exc:
+        raise TraceError("unreadable", exc.strerror or str(exc)) from exc
+    if data[:2] == b"\x1f\x8b":
+        return gunzip(data, max_bytes, salvage)
+    if len(data) > max_bytes:
+        raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
+    return data, False
+
+
+def _mapped(fh: Any, size: int) -> mmap.mmap | None:
+    """A large file mapped copy-on-write, or None to read it. The pages are the page cache's, so there is no
+    copy to allocate and fill (0.2 s per 200 MB), and the pieces already decoded are let go (let_go): the bytes
+    held stay at the pieces in hand rather than the whole file. Writes (the brackets around a piece, put back
+    after) stay private to this process. A file cut shorter while it is read ends the process (SIGBUS), as in
+    any tool that maps files; a trace still being written only grows, and is read up to its size here."""
+    if size <= CHUNK_BYTES:  # decoded in one piece: nothing would be let go
+        return None
+    try:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):  # a file system that cannot map files
+        return None
+
+
+def let_go(data: Buffer, lo: int, hi: int) -> None:
+    """Drop the resident pages of a mapped file's bytes lo..hi once decoded. The mapping holds the file's bytes
+    unchanged (a piece's brackets are put back), so a page read again (an op's raw inputs, an open-ended
+    event) comes back from the file the same."""
+    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        start = lo - lo % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):
+            data.madvise(mmap.MADV_DONTNEED, start, max(0, min(hi, len(data)) - start))
+
+
+def _read_regular(fh: Any, size: int) -> bytearray:
+    data = bytearray(size)
+    view, read = memoryview(data), 0
+    while read < len(data):  # one read() returns at most ~2 GiB
+        got = fh.readinto(view[read:])
+        if not got:
+            break
+        read += got
+    view.release()
+    if read < len(data):  # the file shrank since fstat
+        del data[read:]
+    return data
+
+
+def _open(path: str) -> Any:
+    """Open for reading without blocking on a FIFO that has no writer yet: wait for one a while, then refuse."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            import select
+
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLHUP)
+            if not poller.poll(int(FIFO_WAIT_S * 1000)):
+                raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_stream(fh: Any, max_bytes: int) -> bytearray:
+    """Read to the end, in bounded pieces. Gzip may be up to the limit compressed; it is bounded again when
+    it is decompressed."""
+    data = bytearray()
+    while True:
+        piece = fh.read(STREAM_CHUNK)
+        if not piece:
+            return data
+        data += piece
+        if len(data) == len(piece) and not may_be_a_trace(piece):
+            return data  # not JSON, gzip or UTF-16 (/dev/zero): the first piece says why, no need for the rest
+        if len(data) > max_bytes + (1 << 20) or (len(data) > max_bytes and data[:2] != b"\x1f\x8b"):
+            raise TraceError("too-large", f"the stream is over the limit of {max_bytes} bytes (--max-size)")
+
+
+DECODE_FACTOR = 2.5  # memory for events and tables, beyond the bytes themselves, per byte of trace (measured
+
+
+# peaks run 2.5-4.5x the trace, bytes included)
+ADDRESS_SPACE_FACTOR = 8.0  # address space the analysis maps per byte of trace (measured: 1.0 GB for 137 MB),
+
+
+# which is what a ulimit -v counts: thread arenas and reservations, not only memory touched
+
+
+def available_memory() -> int | None:
+    """Bytes that can still be allocated: the least of the system's MemAvailable and the cgroup's headroom;
+    None when neither can be read."""
+    limits: list[int] = []
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            if limit != "max" and int(limit) < 2**60:
+                limits.append(int(limit) - int(Path(usage_file).read_text().strip()))
+                break
+        except (OSError, ValueError):
+            continue
+    return max(0, min(limits)) if limits else None
+
+
+def _address_space_left() -> int | None:
+    """What RLIMIT_AS (ulimit -v) leaves this process, or None without such a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(size: int) -> None:
+    """Refuse, in one line, a trace that cannot be decoded in the memory left to this job: running out inside
+    polars or msgspec aborts the process instead of raising MemoryError."""
+    available = available_memory()
+    gib = 2**30
+    if available is not None:
+        share = available // max(1, workers.CONCURRENT_JOBS)
+        needed = int(size * DECODE_FACTOR)
+        if needed > share:
+            jobs = workers.CONCURRENT_JOBS
+            each = f" for each of {jobs} jobs" if jobs > 1 else ""
+            raise TraceError("too-large", f"needs about {needed / gib:.1f} GiB of memory to analyse and "
+                             f"{share / gib:.1f} GiB is available{each}; free memory, use --jobs 1 or split "
+                             "the trace")
+    own = _address_space_left()  # a ulimit -v binds each process alone, not the jobs together
+    if own is not None and size * ADDRESS_SPACE_FACTOR > own:
+        raise TraceError("too-large", f"needs about {size * ADDRESS_SPACE_FACTOR / gib:.1f} GiB of address space "
+                         f"to analyse and the limit (ulimit -v) leaves {own / gib:.1f} GiB; raise it or split "
+                         "the trace")
+
+
+def is_file_of(path: str, data: Buffer) -> bool:
+    """Whether `data` is the local file's bytes as they are (not gunzipped, not a stream or URL)."""
+    from attntrace import sources
+
+    if path == "-" or sources.is_url(path):
+        return False
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == len(data) and data[:2] != b"\x1f\x8b"

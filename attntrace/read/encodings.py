@@ -1,0 +1,120 @@
+"""The bytes as JSON text: gzip (bounded, concatenated members, a cut-off stream), byte-order marks, UTF-16 and
+UTF-32 re-encoded as UTF-8, and lone UTF-16 surrogate escapes replaced (polars and UTF-8 refuse them)."""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+from attntrace.errors import TraceError
+from attntrace.read.raw import Buffer
+
+NON_SPACE = re.compile(rb"[^ \t\r\n]")
+
+
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
+
+
+def may_be_a_trace(head: bytes) -> bool:
+    """Whether a stream's first bytes could begin a trace: gzip, a byte-order mark, or JSON's { or [ after
+    whitespace (all whitespace so far counts as could)."""
+    if head.startswith((b"\x1f\x8b", b"\xef\xbb\xbf", *UTF16_BOMS, *UTF32_BOMS)):
+        return True
+    first = NON_SPACE.search(head)
+    return first is None or head[first.start():first.start() + 1] in (b"{", b"[")
+
+
+def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:
+    # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory,
+    # and garbage is refused after the first chunk, not after all of it.
+    out = bytearray()
+    decomp = zlib.decompressobj(wbits=47)
+    pending: Buffer = data
+    if isinstance(data, bytearray):  # a stream's buffer, which grows: let it go for a copy of its bytes
+        pending = bytes(data)
+        del data[:]
+    try:
+        while pending:
+            chunk = decomp.decompress(pending, 1 << 24)
+            if not out:
+                _sniff_json(chunk)
+            out += chunk
+            if len(out) > max_bytes:
+                raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
+            pending = decomp.unconsumed_tail
+            if decomp.eof and decomp.unused_data:
+                pending = decomp.unused_data
+                if not pending.startswith(b"\x1f\x8b"):
+                    # Zero padding (tape blocks) or other bytes after the last member: gzip -d and Python's
+                    # gzip ignore them too.
+                    break
+                # A second gzip member follows (concatenated gzip files are valid gzip).
+                decomp = zlib.decompressobj(wbits=47)
+    except zlib.error as exc:
+        if not (salvage and out):
+            raise TraceError("bad-gzip", f"not a valid gzip stream ({exc})") from exc
+        return out, True
+    if not decomp.eof:
+        if not salvage:
+            raise TraceError("truncated", "gzip stream is cut off (--salvage analyses the complete events)")
+        return out, True
+    return out, False
+
+
+def _sniff_json(head: bytes) -> None:
+    body = head.removeprefix(b"\xef\xbb\xbf")
+    first = NON_SPACE.search(body)
+    if first is not None and body[first.start():first.start() + 1] not in b"{[":
+        raise TraceError("not-json", "the gzip stream does not hold JSON (it starts with "
+                         f"{body[first.start():first.start() + 12]!r})")
+
+
+def utf16_to_utf8(data: Buffer) -> bytearray | None:
+    """UTF-16 or UTF-32 text (as Windows tools write it) re-encoded as UTF-8, or None when it is not."""
+    head = bytes(data[:4])
+    if head.startswith(UTF32_BOMS):
+        codec = "utf-32"
+    elif head.startswith(UTF16_BOMS):
+        codec = "utf-16"
+    elif len(head) == 4 and head[1:2] == head[3:4] == b"\x00" and head[:1] in b"{[ \t\r\n":
+        codec = "utf-16-le"
+    elif len(head) == 4 and head[0:1] == head[2:3] == b"\x00" and head[1:2] in b"{[ \t\r\n":
+        codec = "utf-16-be"
+    else:
+        return None
+    try:
+        return bytearray(bytes(data).decode(codec).encode("utf-8", "surrogatepass"))
+    except UnicodeError as exc:
+        raise TraceError("not-json", f"{codec.upper()} text that does not decode ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+
+
+# A \uD800-\uDFFF escape: half of a surrogate pair. Alone it is not a character (polars and UTF-8 refuse it).
+SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def replace_lone_surrogates(data: bytearray) -> int:
+    """Replace each \\uD800-\\uDFFF escape that is not half of a pair with \\uFFFD, in place (same length,
+    so offsets stay); return how many. Pairs (emoji) are kept."""
+    count = 0
+    skip_until = -1
+    for match in SURROGATE.finditer(data):
+        start = match.start()
+        if start < skip_until:
+            continue
+        before = start
+        while before > 0 and data[before - 1] == 0x5C:  # backslashes before this one
+            before -= 1
+        if (start - before) % 2:
+            continue  # an escaped backslash followed by the text "ud800"
+        high = match.group()[3:4].lower() in b"89ab"
+        follower = data[start + 6:start + 12]
+        if high and SURROGATE.fullmatch(follower) and follower[3:4].lower() in b"cdef":
+            skip_until = start + 12
+            continue
+        data[start:start + 6] = b"\\ufffd"
+        count += 1
+    return count

@@ -1,0 +1,110 @@
+"""Finding the inputs: files, directories (their *.json and *.json.gz files, sorted), quoted glob patterns,
+stdin, and URLs (through attntrace.sources). Nothing here opens a trace; it names what to read, or why an
+input cannot be read."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from attntrace.errors import TRACE_SUFFIXES, TraceError
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def input_roots(paths: list[str]) -> tuple[str, ...]:
+    """The inputs that name a set of traces (directories, URL prefixes, quoted patterns' folders): a trace
+    found under one is known by its name and the path below it (model/identity.py)."""
+    roots = []
+    for given in paths:
+        magic = _GLOB.search(given)
+        if given == "-":
+            continue
+        if magic:
+            roots.append(given[:magic.start()].rsplit("/", 1)[0] or ".")
+        elif "://" in given:
+            if not given.endswith(TRACE_SUFFIXES):
+                roots.append(given)
+        else:
+            with contextlib.suppress(OSError):
+                if Path(given).is_dir():
+                    roots.append(given)
+    return tuple(roots)
+
+
+def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
+    """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
+    or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
+    a FIFO or pipe named on the command line is read as a stream."""
+    stdin_seen = False
+    from attntrace import sources  # URLs: a small module; fsspec itself is imported only for a URL
+
+    for given in paths:
+        if given == "-":
+            if stdin_seen:
+                yield TraceError("usage", "stdin ('-') can be read only once", path=given)
+            else:
+                stdin_seen = True
+                yield given, False
+            continue
+        if sources.is_url(given):
+            yield from sources.discover(given)
+            continue
+        path = Path(given)
+        try:
+            is_dir = path.is_dir()
+            exists = is_dir or os.path.lexists(path)  # a broken or looping link is named by open()'s own error
+        except OSError as exc:  # a parent directory that cannot be searched
+            yield TraceError("unreadable", exc.strerror or str(exc), path=given)
+            continue
+        if is_dir:
+            found, problems = _walk_traces(path)
+            if not found and not problems:
+                yield TraceError("not-found", "no trace files (*.json, *.json.gz) in this directory", path=given)
+            yield from ((p, True) for p in found)
+            yield from problems
+        elif exists:
+            yield given, False
+        elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
+            matches = sorted(glob.glob(given, recursive=True))
+            files = [m for m in matches if os.path.isfile(m)]
+            for folder in (m for m in matches if os.path.isdir(m)):  # a matched directory is searched as one
+                found, problems = _walk_traces(Path(folder))
+                files += found
+                yield from problems
+            if not files:
+                yield TraceError("not-found", "no trace file matches this pattern", path=given)
+            yield from ((match, True) for match in sorted(set(files)))
+        else:
+            yield TraceError("not-found", "no such file or directory", path=given)
+
+
+def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
+    """The trace files under root, sorted, and the folders that could not be read."""
+    problems: list[TraceError] = []
+
+    def unreadable(exc: OSError) -> None:
+        problems.append(TraceError("unreadable", f"cannot read this directory ({exc.strerror or exc})",
+                                   path=exc.filename or str(root)))
+
+    found: list[str] = []
+    # followlinks=False: a symlink loop cannot trap the walk.
+    for folder, dirs, files in os.walk(root, followlinks=False, onerror=unreadable):
+        dirs.sort()
+        for name in files:
+            if not name.endswith(TRACE_SUFFIXES):
+                continue
+            full = os.path.join(folder, name)
+            try:
+                mode = os.stat(full).st_mode
+            except OSError:
+                found.append(full)  # a dangling link or one we may not stat: open() names the problem
+                continue
+            if stat.S_ISREG(mode):
+                found.append(full)
+    return sorted(found), sorted(problems, key=lambda e: e.path or "")

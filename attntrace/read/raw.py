@@ -1,0 +1,86 @@
+"""What reading a trace gives: its bytes' type, the decoded trace (RawTrace), a large trace's pieces, and the
+options and limits a read works under. Every other module of the read layer builds or fills these."""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from attntrace.events import Document, TraceEvent
+
+# A trace's bytes: read into memory, or a large file mapped copy-on-write (see _mapped).
+Buffer = bytes | bytearray | mmap.mmap
+
+
+def default_max_bytes() -> int:
+    """16 GiB, or the memory available now when that is less: a larger trace could not be analysed anyway."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return min(16 * 2**30, int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 * 2**30
+
+
+DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this (--max-size)
+
+
+@dataclass
+class RawTrace:
+    path: str
+    size: int  # bytes after decompression
+    document: Document  # metadata, and the events when they were decoded in one piece
+    dropped_events: int = 0
+    notes: list[str] = field(default_factory=list)
+    incomplete: bool = False  # salvaged from a cut-off file: the last events are missing
+    rewritten: bool = False  # the bytes decoded differ from the input's (re-encoded, surrogates replaced)
+    chunks: Callable[[], Iterator[list[TraceEvent]]] | None = None  # events decoded piece by piece, once
+    pieces: Pieces | None = field(default=None, repr=False)
+
+    def take_pieces(self) -> Pieces | None:
+        """The pieces, for a caller that decodes them itself (in other processes); the events are then not
+        decoded here. None when the trace is not in pieces."""
+        pieces = self.pieces
+        if pieces is not None:
+            self.pieces = self.chunks = None
+        return pieces
+
+    def count_dropped(self, dropped: int) -> None:
+        if dropped:
+            self.dropped_events += dropped
+            self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
+            self.notes.append(f"{self.dropped_events} malformed events ignored")
+
+    def event_chunks(self) -> Iterator[list[TraceEvent]]:
+        """The events, in file order, as lists; a large Kineto file is decoded 16 MiB at a time so that only
+        one piece's Python objects live at once."""
+        if self.chunks is None:
+            yield self.document.traceEvents
+        else:
+            yield from self.chunks()
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    max_bytes: int = DEFAULT_MAX_BYTES
+    salvage: bool = False  # analyse the complete events of a cut-off file instead of refusing it
+    roots: tuple[str, ...] = ()  # the directories given, which name the traces found in them (model/identity.py)
+
+
+CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
+
+
+@dataclass
+class Pieces:
+    """A large trace's event list cut where one event ends and the next begins: `spans` are data[lo:hi] ("{" to
+    "}"), in file order. `source` names the file whose bytes `data` is, unchanged, when it is one (a worker
+    process may then read its piece from there instead of being sent it)."""
+    data: Buffer
+    spans: list[tuple[int, int]]
+    source: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.spans)
