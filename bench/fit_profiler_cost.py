@@ -4,12 +4,11 @@ profiler next to the same program timed without it (sample_traces/calibration/ti
     python bench/fit_profiler_cost.py [--fit] [CALIBRATION_DIR]
 
 Prints one row per trace: recorded step, replayed step, un-profiled step, the replay's error. --fit searches the
-per-event costs that minimise the largest error over the set and prints them as profiler_cost.toml lines.
+per-event costs that put the most traces within 15% (fit_costs) and prints the result.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -59,6 +58,35 @@ def held_out_rows(directory: Path, costs: ProfilerCosts) -> list[dict]:
     return out
 
 
+GRID = {"cpu_op_us": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0], "cpu_op_shapes_us": [0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0],
+        "cpu_op_stack_us": [0.0, 0.25, 0.5, 1.0, 2.0, 3.0], "python_function_us": [0.0, 0.25, 0.5, 1.0, 1.5, 2.0],
+        "runtime_call_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5], "graph_kernel_us": [0.5, 0.75, 1.0, 1.25, 1.5]}
+
+
+def fit_costs(directory: Path, traces: dict, base: ProfilerCosts) -> ProfilerCosts:
+    """Coordinate descent over GRID: one cost at a time, the value that puts the most traces within 15% of their
+    un-profiled step (ties: the smaller mean error), until no single change helps. Counting traces within the
+    bar, not the largest error, keeps one capture the host disturbed from pulling every cost its way."""
+    def score(costs: ProfilerCosts) -> tuple[int, float]:
+        errors = [abs(r["error"]) for r in rows(directory, costs, traces) if "error" in r]
+        # The mean caps each error at 50%: past that a capture is off for reasons no per-event cost explains.
+        return -sum(e <= 0.15 for e in errors), sum(min(e, 0.5) for e in errors) / len(errors)
+
+    current = {name: getattr(base, name) for name in GRID}
+    best = score(base)
+    improved = True
+    while improved:
+        improved = False
+        for name, values in GRID.items():
+            for value in values:
+                trial = {**current, name: value}
+                result = score(ProfilerCosts.from_table({**trial, "launch_call_us": base.launch_call_us}, base))
+                if result < best:
+                    best, current, improved = result, trial, True
+                    print(f"within 15%: {-best[0]}, mean error {best[1]:.1%}: {current}", flush=True)
+    return ProfilerCosts.from_table({**current, "launch_call_us": base.launch_call_us}, base)
+
+
 def main(argv: list[str]) -> int:
     fit = "--fit" in argv
     args = [a for a in argv if a != "--fit"]
@@ -66,18 +94,7 @@ def main(argv: list[str]) -> int:
     traces = {str(p): load(str(p)) for p in sorted(directory.glob("*.pt.trace.json.gz"))}
     base = ProfilerCosts.default()
     if fit:
-        best = None
-        grid = {"cpu_op_us": [1.0, 1.5, 2.0, 2.5, 3.0], "cpu_op_shapes_us": [0.0, 0.5, 1.0, 2.0],
-                "cpu_op_stack_us": [0.0, 1.0, 2.0, 3.0], "python_function_us": [0.0, 0.5, 1.0, 2.0],
-                "runtime_call_us": [0.5, 1.5, 2.5, 3.5]}
-        for values in itertools.product(*grid.values()):
-            costs = ProfilerCosts.from_table(dict(zip(grid, values, strict=True)), base)
-            errors = [abs(r["error"]) for r in rows(directory, costs, traces) if "error" in r]
-            score = (max(errors), sum(errors))
-            if best is None or score < best[0]:
-                best = (score, dict(zip(grid, values, strict=True)))
-                print(best, flush=True)
-        base = ProfilerCosts.from_table(best[1], base)
+        base = fit_costs(directory, traces, base)
     table = rows(directory, base, traces)
     print(tabulate(table, headers="keys", floatfmt=".3f"))
     errors = [abs(r["error"]) for r in table if "error" in r]

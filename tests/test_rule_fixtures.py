@@ -123,9 +123,18 @@ def test_math_backend_findings_are_subsumed_by_at202():
 # --- AT302 host-sync ----------------------------------------------------------------------------------
 def test_at302_cheap_item_sync_is_info_not_warning():
     # One loss.item() per GPT-2 training step: its idle is under the 2% of the step a warning promises.
-    (f,) = _findings(sample("calibration/gpt2_train_item.plain"), "AT302")
+    (f,) = _findings(sample("workloads/gpt2_eager_train"), "AT302")
     assert f["severity"] == "info" and f["message"].startswith("1 host sync per step")
     assert f["impact"]["share_of_step"] < 0.02
+
+
+def test_at302_item_sync_gets_the_idle_not_the_copy_before_it():
+    # .item() is a device-to-host copy, then a cudaStreamSynchronize: the GPU's wait after them is the sync's
+    # (it once went to the copy, which no rule names, and the sync was silent).
+    (f,) = _findings(sample("workloads/gpt2_eager_train"), "AT302")
+    assert f["evidence"]["apis"] == ["cudaStreamSynchronize"]
+    each = [i for i in f["evidence"]["gpu_idle_us_after_each"] if i is not None]
+    assert each and all(i > 100 for i in each)
 
 
 def test_at302_on_two_ranks_counts_per_step_of_one_rank(tmp_path: Path):

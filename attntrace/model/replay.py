@@ -247,6 +247,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             unlaunched.append(item)
     for launch, items in work_by_launch.items():
         cpu_events.append((launch_rows[launch][0], 0, items))
+    single_work = {item[0] for launch in single for item in work_by_launch.get(launch, ())}
     # Work with no launch in the window that ran before the window's first launched work was queued before the
     # window: it goes first, in its recorded order, ahead of everything launched in the window.
     first_launched = min((item[1] for items in work_by_launch.values() for item in items), default=float("inf"))
@@ -290,6 +291,13 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                 i = bisect.bisect_right(ends_recorded, ts + 0.01)
                 if i and ts - ends_recorded[i - 1] <= TOUCH_US:
                     ready = max(ready, ends_replayed[i - 1])
+                elif kind == 0 and idx in single_work and prev is not None and prev[0] >= t + latency:
+                    # No work ended just before it, and it was queued behind its stream's last work: the GPU held
+                    # it back (another stream's kernel filled the SMs; seen on an H200, an elementwise kernel
+                    # waiting 130 us for a GEMM's last wave). That wait is the GPU's, not the profiler's: it stays.
+                    # (Not a late start after a launch: the launch latency varies, and the profiler lengthens
+                    # it; nor a graph launch: its kernels wait for the call, which the profiler lengthens.)
+                    ready = max(ready, prev[1] + (ts - prev[0]))
             stop = ready + (end - ts)
             new_start[idx], new_end[idx] = ready, stop
             stream_end[stream] = (end, stop)
@@ -305,17 +313,18 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
 
 def _idle_after_syncs(sync_returns: dict[int, float], new_start: dict[int, float]) -> dict[int, float]:
     """For each blocking call, how long the GPU idles in the replay from its return to the next GPU work (the
-    wait a removed sync would save). Syncs in a row with no GPU work between them share one gap: the first counts
-    it."""
+    wait a removed sync would save). Blocking calls in a row with no GPU work between them share one gap: the
+    last counts it, the one the GPU's next work waited for (a `.item()` is a blocking copy, then a
+    synchronize: the synchronize is the sync a rule names)."""
     starts = sorted(new_start.values())
     idle: dict[int, float] = {}
-    taken: set[int] = set()
+    last_before: dict[int, tuple[int, float]] = {}  # next work's index -> the last call returning before it
     for sync, returns in sorted(sync_returns.items(), key=lambda item: (item[1], item[0])):
+        idle[sync] = 0.0
         i = bisect.bisect_left(starts, returns)
-        if i == len(starts) or i in taken:
-            idle[sync] = 0.0
-            continue
-        taken.add(i)
+        if i < len(starts):
+            last_before[i] = (sync, returns)
+    for i, (sync, returns) in last_before.items():
         idle[sync] = starts[i] - returns
     return idle
 
