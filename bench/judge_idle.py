@@ -4,7 +4,7 @@ idle (un-profiled step minus GPU busy), what AT402 says, and whether that meets 
 within 2x of the real idle where it is small (under half the step), within 20% where it dominates, and no AT402
 warning where the GPU is busy 90% or more of the un-profiled step.
 
-    python bench/judge_idle.py
+    python bench/judge_idle.py [DIRECTORY]   (default sample_traces/calibration; sample_traces/heldout too)
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION = ROOT / "sample_traces" / "calibration"
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     from attntrace.engine import lint_trace
     from attntrace.loading import load
 
-    timings = json.loads((CALIBRATION / "timings.json").read_text())
+    directory = Path(argv[0]) if argv else CALIBRATION
+    timings = json.loads((directory / "timings.json").read_text())
     rows, misses = [], 0
-    for trace_path in sorted(CALIBRATION.glob("*.pt.trace.json.gz")):
+    for trace_path in sorted(directory.glob("*.pt.trace.json.gz")):
         workload, setting = trace_path.name.removesuffix(".pt.trace.json.gz").rsplit(".", 1)
         timed = timings.get(workload, {}).get("settings", {}).get(setting)
         if not timed:
@@ -59,4 +60,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -239,3 +239,37 @@ def test_the_same_program_captured_twice_gets_the_same_verdicts(variant):
         return sorted((f["rule"], f["severity"]) for f in report.findings if "cause" not in f)
 
     assert verdicts("bf16_causal_fwd") == verdicts("bf16_causal_fwd_v2")
+
+
+# --- sample_traces/heldout: captured and timed like the calibration set, never used to fit the costs ---------
+HELD_OUT_TIMED = SAMPLES / "heldout"
+
+
+def _held_out(name: str) -> tuple[str, float]:
+    workload, setting = name.split(".")
+    paired = orjson.loads((HELD_OUT_TIMED / "timings.json").read_bytes())[workload]["settings"][setting]
+    truth = (paired["unprofiled_before_ms"] + paired["unprofiled_after_ms"]) / 2 * 1e3
+    return str(HELD_OUT_TIMED / f"{name}.pt.trace.json.gz"), truth
+
+
+@pytest.mark.parametrize("setting", ["plain", "shapes", "shapes_stack"])
+def test_a_launch_bound_decode_loop_held_out_is_still_launch_bound(setting: str):
+    # GPT-2 generate(), batch 4, 24 tokens: the GPU is busy 7% of the timed step.
+    path, truth = _held_out(f"gpt2_generate.{setting}")
+    report = orjson.loads(lint_api(path, select="AT402,AT501").to_json())
+    (idle,) = report["findings"]
+    assert idle["rule"] == "AT402" and idle["severity"] == "warning"
+    assert [c["rule"] for c in idle["consequences"]] == ["AT501"]
+    real_idle = truth - load(path).replay.per_device()["gpu_busy_us"].max()
+    # Where idle dominates, issue 22 asks for 20% of the real idle: met with record_shapes (-2%), not yet plain
+    # (-22%) nor with_stack (+32%). This holds what is met, and fails if any of them drifts further.
+    assert abs(idle["impact"]["gpu_us_per_step"] / real_idle - 1) < (0.2 if setting == "shapes" else 0.35)
+
+
+def test_held_out_replays_stay_near_the_timed_step():
+    # Inference (ResNet-18 fp32) and training (ViT-S) with shapes: within 15% of the timed step.
+    for name in ("resnet18_infer_fp32.plain", "resnet18_infer_fp32.shapes", "resnet18_infer_fp32.shapes_stack",
+                 "vit_small_train.shapes"):
+        path, truth = _held_out(name)
+        est = load(path).replay.per_device()["est_step_us"].max()
+        assert abs(est / truth - 1) <= 0.15, name
