@@ -72,6 +72,9 @@ def fit_costs(directory: Path, traces: dict, base: ProfilerCosts) -> ProfilerCos
         # The mean caps each error at 50%: past that a capture is off for reasons no per-event cost explains.
         return -sum(e <= 0.15 for e in errors), sum(min(e, 0.5) for e in errors) / len(errors)
 
+    def costs_of(values: dict[str, float]) -> ProfilerCosts:
+        return ProfilerCosts.from_table({**values, "launch_call_us": base.launch_call_us}, base)
+
     current = {name: getattr(base, name) for name in GRID}
     best = score(base)
     improved = True
@@ -80,11 +83,11 @@ def fit_costs(directory: Path, traces: dict, base: ProfilerCosts) -> ProfilerCos
         for name, values in GRID.items():
             for value in values:
                 trial = {**current, name: value}
-                result = score(ProfilerCosts.from_table({**trial, "launch_call_us": base.launch_call_us}, base))
+                result = score(costs_of(trial))
                 if result < best:
                     best, current, improved = result, trial, True
                     print(f"within 15%: {-best[0]}, mean error {best[1]:.1%}: {current}", flush=True)
-    return ProfilerCosts.from_table({**current, "launch_call_us": base.launch_call_us}, base)
+    return costs_of(current)
 
 
 def main(argv: list[str]) -> int:

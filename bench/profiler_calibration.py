@@ -13,6 +13,8 @@ plus OUT_DIR/event_costs.json from attntrace.capture.profiler_cost.measure().
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -32,6 +34,31 @@ SETTINGS = {
 }
 
 
+def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, autocast: bool = True,
+                  after: Callable[[torch.Tensor], None] | None = None) -> Step:
+    """One training step as the workloads run it: the forward (under bf16 autocast unless told not to), backward,
+    the optimizer's step and zeroed gradients; `after` sees the loss (to log it, say)."""
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            value = loss()
+        value.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if after is not None:
+            after(value)
+
+    return step
+
+
+def generate_step(model: torch.nn.Module, ids: torch.Tensor, tokens: int) -> Step:
+    """Greedy decoding of exactly `tokens` new tokens: a decode loop, launch-bound at these sizes."""
+    def step() -> None:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+
+    return step
+
+
 def _llama(attn: str, layers: int = 4, dtype: torch.dtype = torch.bfloat16, gqa: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -48,25 +75,12 @@ def llama_train(attn: str, compiled: bool = False, autocast_fp32: bool = False) 
     forward = torch.compile(model) if compiled else model
     ids = torch.randint(0, 32000, (2, 1024), device="cuda")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_fp32):
-            loss = forward(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(lambda: forward(input_ids=ids, labels=ids).loss, opt, autocast=autocast_fp32)
 
 
 def llama_generate() -> Step:
     model = _llama("sdpa").eval()
-    ids = torch.randint(0, 32000, (1, 128), device="cuda")
-
-    def step() -> None:
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
-
-    return step
+    return generate_step(model, torch.randint(0, 32000, (1, 128), device="cuda"), 32)
 
 
 def gpt2_train() -> Step:
@@ -80,15 +94,8 @@ def gpt2_train() -> Step:
     ids = torch.randint(0, 16384, (4, 512), device="cuda")
     losses: list[float] = []
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())  # logged every step: a host sync
-
-    return step
+    # The loss logged every step: a host sync.
+    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, after=lambda v: losses.append(v.item()))
 
 
 def bert_infer() -> Step:
@@ -114,14 +121,7 @@ def resnet_train() -> Step:
     x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (64,), device="cuda")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(lambda: F.cross_entropy(model(x), y), opt)
 
 
 def vit_infer() -> Step:
@@ -255,13 +255,7 @@ def gpt2_generate() -> Step:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=768, n_head=12, vocab_size=16384)).to(
         "cuda", torch.bfloat16).eval()
-    ids = torch.randint(0, 16384, (4, 64), device="cuda")
-
-    def step() -> None:
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
-
-    return step
+    return generate_step(model, torch.randint(0, 16384, (4, 64), device="cuda"), 24)
 
 
 def vit_train() -> Step:
@@ -273,14 +267,7 @@ def vit_train() -> Step:
     x = torch.randn(32, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (32,), device="cuda")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(lambda: F.cross_entropy(model(x), y), opt)
 
 
 def bert_train() -> Step:
@@ -293,14 +280,7 @@ def bert_train() -> Step:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, 30000, (16, 256), device="cuda")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt)
 
 
 def resnet18_infer() -> Step:
@@ -400,9 +380,6 @@ ATTEMPTS = 3
 
 
 def host_info() -> dict[str, object]:
-    import os
-    import platform
-
     info: dict[str, object] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
     try:
         info["loadavg"] = os.getloadavg()

@@ -1,7 +1,8 @@
 """The profiler's own cost: settings read from every trace generation, the replay of a step without the profiler
 on real traces (a sync, two streams, a graph launch, a CPU-only step), and the verdicts of AT402, AT501 and AT302
 judged on it, checked against the same programs timed without the profiler on the H200
-(sample_traces/calibration/timings.json, sample_traces/from_trace/*_timing.json)."""
+(sample_traces/calibration/timings.json, sample_traces/from_trace/*_timing.json, and the held-out set that no
+fit has seen, sample_traces/heldout/timings.json)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from attntrace.loading import load
 from attntrace.model.replay import ProfilerCosts, replay
 
 CALIBRATION = SAMPLES / "calibration"
-HELD_OUT = SAMPLES / "from_trace"
+FROM_TRACE = SAMPLES / "from_trace"
 TIMINGS = orjson.loads((CALIBRATION / "timings.json").read_bytes())
 FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
 
@@ -123,14 +124,14 @@ def test_a_cpu_only_trace_says_why_there_is_no_replay():
 @pytest.mark.parametrize("model", ["llama_train", "gpt2_train", "bert_infer"])
 def test_held_out_models_replay_within_15_percent_of_their_unprofiled_step(model):
     for impl in ("eager", "sdpa"):
-        truth = orjson.loads((HELD_OUT / f"{model}_timing.json").read_bytes())[f"{impl}_ms_per_step"] * 1e3
-        row = load(str(HELD_OUT / f"{model}_{impl}.pt.trace.json.gz")).replay.per_device().row(0, named=True)
+        truth = orjson.loads((FROM_TRACE / f"{model}_timing.json").read_bytes())[f"{impl}_ms_per_step"] * 1e3
+        row = load(str(FROM_TRACE / f"{model}_{impl}.pt.trace.json.gz")).replay.per_device().row(0, named=True)
         assert row["est_step_us"] == pytest.approx(truth, rel=0.15), impl
 
 
 def test_gpu_idle_is_no_warning_where_the_gpu_is_busy_without_the_profiler():
     # BERT forward: the GPU is busy 98% of the step timed without the profiler; the recorded trace's CPU ran ahead.
-    report = lint_api(str(HELD_OUT / "bert_infer_eager.pt.trace.json.gz"), select="AT402")
+    report = lint_api(str(FROM_TRACE / "bert_infer_eager.pt.trace.json.gz"), select="AT402")
     assert not [f for f in report.findings if f.severity == "warning"]
 
 
@@ -245,14 +246,14 @@ def test_the_same_program_captured_twice_gets_the_same_verdicts(variant):
 
 
 # --- sample_traces/heldout: captured and timed like the calibration set, never used to fit the costs ---------
-HELD_OUT_TIMED = SAMPLES / "heldout"
+HELD_OUT = SAMPLES / "heldout"
 
 
 def _held_out(name: str) -> tuple[str, float]:
     workload, setting = name.split(".")
-    paired = orjson.loads((HELD_OUT_TIMED / "timings.json").read_bytes())[workload]["settings"][setting]
+    paired = orjson.loads((HELD_OUT / "timings.json").read_bytes())[workload]["settings"][setting]
     truth = (paired["unprofiled_before_ms"] + paired["unprofiled_after_ms"]) / 2 * 1e3
-    return str(HELD_OUT_TIMED / f"{name}.pt.trace.json.gz"), truth
+    return str(HELD_OUT / f"{name}.pt.trace.json.gz"), truth
 
 
 @pytest.mark.parametrize("setting", ["plain", "shapes", "shapes_stack"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from attntrace.events import Document, TraceEvent
 
-# A trace's bytes: read into memory, or a large file mapped copy-on-write (see _mapped).
+# A trace's bytes: read into memory, or a large file mapped copy-on-write (see buffers._mapped).
 Buffer = bytes | bytearray | mmap.mmap
 
 
