@@ -140,14 +140,11 @@ class _CpuClock:
     """Maps a recorded CPU time of one process to the replayed one: minus the profiler cost of the events that
     began before it, minus the waiting that syncs no longer do."""
 
-    def __init__(self, starts: list[float], costs: list[float]) -> None:
-        order = sorted(range(len(starts)), key=starts.__getitem__)
-        self.starts = [starts[i] for i in order]
-        self.cumulative: list[float] = []
-        total = 0.0
-        for i in order:
-            total += costs[i]
-            self.cumulative.append(total)
+    def __init__(self, events: pl.DataFrame) -> None:
+        # events: start, cost. A stable sort and a running sum, as a loop in start order would add them.
+        ordered = events.sort("start", maintain_order=True)
+        self.starts: list[float] = ordered["start"].to_list()
+        self.cumulative: list[float] = ordered["cost"].cum_sum().to_list()
         self.saved = 0.0  # waiting removed at syncs so far (negative when a sync now waits longer)
 
     def overhead_before(self, t: float) -> float:
@@ -206,29 +203,31 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     launches = trace.launches.filter(inside)
     python = trace.python.filter(inside)
     op_cost = costs.op_cost(settings)
-    starts = ops["ts"].to_list() + launches["ts"].to_list() + python["ts"].to_list()
-    weights = ([op_cost] * ops.height + [costs.runtime_call_us] * launches.height
-               + [costs.python_function_us] * python.height)
-    step_starts = steps["ts"].to_list()
-    starts += step_starts[1:]
-    weights += [costs.step_us] * (len(step_starts) - 1)
 
     gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin))
            .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind"))
-    launch_rows = {idx: (ts, end, name) for idx, ts, end, name in
-                   launches.select("idx", "ts", "end", "name").iter_rows()}
+    launch_rows = dict(zip(launches["idx"].to_list(),
+                           zip(launches["ts"].to_list(), launches["end"].to_list(), launches["name"].to_list(),
+                               strict=True), strict=True))
     # A graph launch records every kernel of the graph: the call takes the profiler's cost for each of them.
     per_launch = gpu.filter(pl.col("launch").is_not_null()).group_by("launch").len()
-    for launch, kernels in per_launch.filter(pl.col("len") > 1).iter_rows():
-        if launch in launch_rows:
-            starts.append(launch_rows[launch][0])
-            weights.append(costs.graph_kernel_us * (kernels - 1))
-    clock = _CpuClock(starts, weights)
+    graphs = (per_launch.filter(pl.col("len") > 1).join(launches.select(pl.col("idx").alias("launch"), "ts"),
+                                                          on="launch", how="inner")
+              .sort("launch").select(pl.col("ts").alias("start"),
+                                     (costs.graph_kernel_us * (pl.col("len") - 1)).cast(pl.Float64).alias("cost")))
+
+    def costed(starts: pl.Series, cost: float) -> pl.DataFrame:
+        return pl.DataFrame({"start": starts.cast(pl.Float64), "cost": pl.repeat(cost, starts.len(), eager=True,
+                                                                                   dtype=pl.Float64)})
+
+    clock = _CpuClock(pl.concat([
+        costed(ops["ts"], op_cost), costed(launches["ts"], costs.runtime_call_us),
+        costed(python["ts"], costs.python_function_us), costed(steps["ts"].slice(1), costs.step_us), graphs]))
     single = set(per_launch.filter(pl.col("len") == 1)["launch"].to_list())
-    latency = _idle_launch_latency(gpu, {k: v for k, v in launch_rows.items() if k in single},
+    latency = _idle_launch_latency(gpu, launches.filter(pl.col("idx").is_in(list(single))).select("idx", "ts"),
                                    costs.runtime_call_us)
-    copy_end = {launch: end for launch, end, kind in gpu.select("launch", "end", "kind").iter_rows()
-                if launch is not None and kind == "memcpy"}
+    copies = gpu.filter(pl.col("launch").is_not_null() & (pl.col("kind") == "memcpy"))
+    copy_end = dict(zip(copies["launch"].to_list(), copies["end"].to_list(), strict=True))
 
     # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
     # calls (which wait for it).
@@ -236,15 +235,14 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     for idx, (ts, end, name) in launch_rows.items():
         if _is_blocking(name, end - ts, copy_end.get(idx), end):
             cpu_events.append((end, 1, (idx, ts, end)))
-    gpu_rows = gpu.iter_rows()
     work_by_launch: dict[int, list[tuple[int, float, float, int]]] = {}
     unlaunched: list[tuple[int, float, float, int]] = []
-    for idx, ts, end, stream, launch, _kind in gpu_rows:
-        item = (idx, ts, end, stream)
+    for launch, *item in zip(gpu["launch"].to_list(), gpu["idx"].to_list(), gpu["ts"].to_list(),
+                             gpu["end"].to_list(), gpu["stream"].to_list(), strict=True):
         if launch is not None and launch in launch_rows:
-            work_by_launch.setdefault(launch, []).append(item)
+            work_by_launch.setdefault(launch, []).append(tuple(item))
         else:
-            unlaunched.append(item)
+            unlaunched.append(tuple(item))
     for launch, items in work_by_launch.items():
         cpu_events.append((launch_rows[launch][0], 0, items))
     single_work = {item[0] for launch in single for item in work_by_launch.get(launch, ())}
@@ -329,21 +327,18 @@ def _idle_after_syncs(sync_returns: dict[int, float], new_start: dict[int, float
     return idle
 
 
-def _idle_launch_latency(gpu: pl.DataFrame, launch_rows: dict[int, tuple[float, float, str]],
-                         runtime_cost: float) -> float:
+def _idle_launch_latency(gpu: pl.DataFrame, launches: pl.DataFrame, runtime_cost: float) -> float:
     """Median time from a launch call's start to its work's start when its stream was idle, less the profiler's
-    share of the call."""
-    last_end: dict[int, float] = {}
-    samples = []
-    for _idx, ts, end, stream, launch, _kind in gpu.iter_rows():
-        row = launch_rows.get(launch) if launch is not None else None
-        if row is not None and last_end.get(stream, float("-inf")) < row[0]:
-            samples.append(ts - row[0])
-        last_end[stream] = max(end, last_end.get(stream, float("-inf")))
-    if not samples:
+    share of the call (gpu in start order; launches: idx, ts of the single-kernel launches)."""
+    # The latest end on the work's stream before it, in start order.
+    before = gpu.with_columns(pl.col("end").cum_max().shift(1).over("stream").alias("stream_busy_until"))
+    samples = (before.join(launches.select(pl.col("idx").alias("launch"), pl.col("ts").alias("call_ts")),
+                           on="launch", how="inner")
+               .filter(pl.col("stream_busy_until").is_null() | (pl.col("stream_busy_until") < pl.col("call_ts")))
+               .select((pl.col("ts") - pl.col("call_ts")).alias("wait"))["wait"].sort())
+    if not samples.len():
         return 5.0
-    samples.sort()
-    return max(1.0, samples[len(samples) // 2] - runtime_cost)
+    return max(1.0, float(samples[samples.len() // 2]) - runtime_cost)
 
 
 def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, new_start: dict[int, float],
