@@ -155,32 +155,6 @@ class _CpuClock:
         return t - self.overhead_before(t) - self.saved
 
 
-class _LatestEnd:
-    """The latest replayed end among the work placed so far whose recorded end is at most a given time: a prefix
-    maximum (Fenwick tree) over every recorded end of the window, so that a sync costs log n, not a pass over all
-    the work placed before it (a decode loop syncs on every token)."""
-
-    def __init__(self, recorded_ends: list[float]) -> None:
-        self.ends = sorted(recorded_ends)
-        self.tree = [float("-inf")] * (len(self.ends) + 1)
-
-    def place(self, recorded_end: float, replayed_end: float) -> None:
-        i = bisect.bisect_left(self.ends, recorded_end) + 1
-        while i < len(self.tree):
-            if self.tree[i] < replayed_end:
-                self.tree[i] = replayed_end
-            i += i & -i
-
-    def until(self, recorded: float) -> float:
-        i = bisect.bisect_right(self.ends, recorded)
-        latest = float("-inf")
-        while i > 0:
-            if self.tree[i] > latest:
-                latest = self.tree[i]
-            i -= i & -i
-        return latest
-
-
 def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
     per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for)."""
@@ -282,7 +256,9 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     stream_end: dict[int, tuple[float, float]] = {}  # stream -> (recorded end, replayed end) of its last work
     ends_recorded: list[float] = []  # recorded ends of placed work, sorted, with replayed ends alongside
     ends_replayed: list[float] = []
-    latest_end = _LatestEnd(gpu["end"].to_list())
+    # The latest recorded and replayed ends of all placed work: a sync that waited for all of it (a decode loop's
+    # .item() on every token) needs no pass over the placed work.
+    latest_recorded = latest_replayed = float("-inf")
     new_start: dict[int, float] = {}
     new_end: dict[int, float] = {}
     sync_returns: dict[int, float] = {}
@@ -291,7 +267,11 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             sync, ts, end = payload
             # The sync returned at `end`: what it waited for had ended by then. In the replay it returns when
             # that work ends there, or at once.
-            done = latest_end.until(end + TOUCH_US)
+            if end + TOUCH_US >= latest_recorded:
+                done = latest_replayed
+            else:
+                i = bisect.bisect_right(ends_recorded, end + TOUCH_US)
+                done = max(ends_replayed[:i], default=float("-inf"))
             start_new = clock.at(ts)
             returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
             clock.saved += clock.at(end) - returns
@@ -328,7 +308,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             j = bisect.bisect_right(ends_recorded, end)
             ends_recorded.insert(j, end)
             ends_replayed.insert(j, stop)
-            latest_end.place(end, stop)
+            latest_recorded, latest_replayed = max(latest_recorded, end), max(latest_replayed, stop)
 
     per_step_events = {"cpu_ops": ops.height / steps.height, "runtime_calls": launches.height / steps.height,
                        "python_functions": python.height / steps.height}
