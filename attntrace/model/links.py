@@ -21,8 +21,11 @@ def correlation_from_flows(gpu: pl.DataFrame, flows: pl.DataFrame, launches: pl.
     finishes = flows.filter(pl.col("ph") == "f").select("cat", "id", pl.col("ts").alias("f_ts"),
                                                          pl.col("tid").alias("f_tid"))
     pairs = starts.join(finishes, on=["cat", "id"])
+    # One launch per (time, thread), the first: launches that share a start time on a thread would otherwise
+    # join every flow start there to every one of them (4,000 launches at one time: 16M rows, 2 GB).
     keyed = launches.select(pl.col("correlation").alias("flow_corr"), pl.col("ts").alias("s_ts"),
-                            pl.col("tid").cast(pl.String).alias("s_tid"))
+                            pl.col("tid").cast(pl.String).alias("s_tid")).unique(["s_ts", "s_tid"], keep="first",
+                                                                                  maintain_order=True)
     pairs = pairs.join(keyed, on=["s_ts", "s_tid"]).unique(["f_ts", "f_tid"], keep="first")
     gpu = gpu.with_columns(pl.col("tid").cast(pl.String).alias("f_tid"), pl.col("ts").alias("f_ts"))
     gpu = gpu.join(pairs.select("f_ts", "f_tid", "flow_corr"), on=["f_ts", "f_tid"], how="left")

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
 # Frames that are not the user's code: the interpreter, torch and installed libraries.
 LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|threading\.py|runpy"
+# Real op stacks are tens of ops deep. Ops that share one start time nest by containment into one chain as long
+# as the thread (a clock that stood still): each op's kept chain is cut to its innermost ops, or keeping every
+# op's chain would take memory quadratic in that length (a 24 MB trace of such ops peaked at 3 GB).
+MAX_OP_DEPTH = 128
 AMD_VENDOR = re.compile(r"AMD|Instinct|Radeon|gfx\d", re.IGNORECASE)
 
 
@@ -260,12 +264,13 @@ class Trace:
         return optree.op_children(self.ops, self.op_parent)
 
     def op_ancestors(self, op: int | None) -> list[int]:
-        """Op indices from the outermost op down to `op`, without ProfilerStep annotations. Each op's chain is
-        kept: siblings share their parent's (rules ask for tens of thousands of ops)."""
+        """Op indices from the outermost op down to `op`, without ProfilerStep annotations, at most MAX_OP_DEPTH
+        of them (the innermost). Each op's chain is kept: siblings share their parent's (rules ask for tens of
+        thousands of ops)."""
         known, names, parent = self._ancestors, self.op_names, self.op_parent
         below: list[int] = []
         chain: tuple[int, ...] = ()
-        while op is not None:
+        while op is not None and len(below) < MAX_OP_DEPTH:
             if op in known:
                 chain = known[op]
                 break
@@ -274,7 +279,7 @@ class Trace:
             below.append(op)
             op = parent[op]
         for op in reversed(below):
-            chain = known[op] = (*chain, op)
+            chain = known[op] = (*chain, op)[-MAX_OP_DEPTH:]
         return list(chain)
 
     def op_chain(self, op: int | None) -> list[str]:

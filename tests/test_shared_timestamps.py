@@ -1,0 +1,122 @@
+"""Traces whose events share timestamps stay within memory (issue 26: a 121 MB one had peaked at 18 GB).
+
+Two paths grew with the square of the events that share a time:
+- CPU ops of one thread that start at one time nest by containment into one chain as long as the thread, and
+  every op's ancestor chain was kept whole (AT101 asks for a copy's chain);
+- the flow fallback for GPU work without a correlation joined every flow start to every launch that starts at its
+  time on its thread.
+Each test builds such a trace from a real sample and lints it in a child process that reports its own peak
+memory. Before the fixes these peaked at about 1 GB and 2 GB."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attntrace.loading import load
+from attntrace.model.trace import MAX_OP_DEPTH
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_traces/workloads/gpt2_eager_train.pt.trace.json.gz"
+T0 = 1_000_000.0
+# A child that lints a small trace holds about 130 MB (the interpreter, polars, the tables); the traces below made
+# the old code take 1-2 GB.
+PEAK_LIMIT_MB = 450
+PEAK = """
+import resource, sys
+from attntrace.engine import lint_trace
+from attntrace.loading import load
+from attntrace.summary import summarize
+trace = load(sys.argv[1])
+summarize(trace)
+report = lint_trace(trace)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, len(report.findings))
+"""
+
+
+def _stopped_clock(copies: int) -> dict[str, Any]:
+    """The GPT-2 training sample `copies` times over, every event at one time (ids shifted so links stay
+    unique)."""
+    document = json.loads(gzip.decompress(SAMPLE.read_bytes()))
+    events = []
+    for copy in range(copies):
+        shift = copy * 1_000_000
+        for event in document["traceEvents"]:
+            event = dict(event)
+            if "ts" in event:
+                event["ts"] = T0
+            if event.get("ph") in ("s", "f") and isinstance(event.get("id"), int):
+                event["id"] += shift
+            if isinstance(event.get("args"), dict):
+                event["args"] = {k: v + shift if k in ("correlation", "External id") and isinstance(v, int) else v
+                                 for k, v in event["args"].items()}
+            if event.get("name", "").startswith("ProfilerStep#"):
+                event["name"] = f"ProfilerStep#{int(event['name'].split('#')[1]) + copy * 10}"
+            events.append(event)
+    return {**document, "traceEvents": events}
+
+
+def _launches_at_one_time(launches: int) -> dict[str, Any]:
+    """A modern trace whose launches all start at one time on one thread, linked to their kernels by correlation,
+    except one memset that only an ac2g flow links (the flow fallback then runs)."""
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": T0 - 1,
+         "dur": 30.0 * launches + 10}]
+    for i in range(launches):
+        kernel_ts = T0 + 20 + 30 * i
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::fill_", "pid": 1, "tid": 1, "ts": T0 + 30 * i,
+                       "dur": 25.0, "args": {"External id": i}})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": T0,
+                       "dur": 5.0, "args": {"External id": i, "correlation": i}})
+        if i == 0:
+            gpu = {"cat": "gpu_memset", "name": "Memset (Device)", "args": {"device": 0, "stream": 7, "bytes": 4}}
+        else:
+            gpu = {"cat": "kernel", "name": "void fill_kernel(float*)",
+                   "args": {"device": 0, "stream": 7, "correlation": i, "External id": i, "grid": [132, 1, 1],
+                            "block": [128, 1, 1]}}
+        events.append({"ph": "X", "pid": 0, "tid": 7, "ts": kernel_ts, "dur": 8.0, **gpu})
+        events.append({"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": T0, "cat": "ac2g", "name": "ac2g"})
+        events.append({"ph": "f", "id": i, "pid": 0, "tid": 7, "ts": kernel_ts, "cat": "ac2g", "name": "ac2g",
+                       "bp": "e"})
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200", "numSms": 132}],
+            "traceEvents": events}
+
+
+def _peak_mb(path: Path) -> int:
+    done = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True, timeout=600,
+                          check=True)
+    return int(done.stdout.split()[0])
+
+
+@pytest.mark.slow
+def test_ops_at_one_time_keep_memory_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "stopped_clock.json"
+    path.write_bytes(json.dumps(_stopped_clock(3)).encode())
+    assert _peak_mb(path) < PEAK_LIMIT_MB
+    trace = load(str(path))
+    deepest = max(range(trace.ops.height), key=lambda op: len(trace.op_ancestors(op)))
+    assert len(trace.op_ancestors(deepest)) == MAX_OP_DEPTH  # the chain is as long as the thread: cut
+
+
+@pytest.mark.slow
+def test_launches_at_one_time_keep_memory_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "launches_at_one_time.json"
+    path.write_bytes(json.dumps(_launches_at_one_time(3000)).encode())
+    assert _peak_mb(path) < PEAK_LIMIT_MB
+    # Every kernel still goes to its own launch, and the memset to the first launch at that time on the thread.
+    linked = load(str(path)).gpu_linked.sort("ts")
+    assert linked["launch"].null_count() == 0
+    assert linked["correlation"].to_list() == list(range(3000))
+
+
+def test_op_chains_of_real_traces_are_whole() -> None:
+    """The cut never touches a real op stack (the deepest in the sample traces is far below it)."""
+    for path in sorted((ROOT / "sample_traces/workloads").glob("*.pt.trace.json.gz")):
+        trace = load(str(path))
+        assert max(len(trace.op_ancestors(op)) for op in range(trace.ops.height)) < MAX_OP_DEPTH // 4
