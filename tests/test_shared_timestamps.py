@@ -62,9 +62,11 @@ def _stopped_clock(copies: int) -> dict[str, Any]:
     return {**document, "traceEvents": events}
 
 
-def _launches_at_one_time(launches: int) -> dict[str, Any]:
-    """A modern trace whose launches all start at one time on one thread, linked to their kernels by correlation,
-    except one memset that only an ac2g flow links (the flow fallback then runs)."""
+def _launches_at_one_time(launches: int, flow_id: int | None = None, launch_step_us: float = 0.0,
+                          correlated: bool = True) -> dict[str, Any]:
+    """A modern trace whose launches all start at one time on one thread (or `launch_step_us` apart), linked to
+    their kernels by correlation (unless not `correlated`), except one memset that only an ac2g flow links (the flow
+    fallback then runs); every flow has its own id, or `flow_id`."""
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": T0 - 1,
          "dur": 30.0 * launches + 10}]
@@ -72,17 +74,19 @@ def _launches_at_one_time(launches: int) -> dict[str, Any]:
         kernel_ts = T0 + 20 + 30 * i
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::fill_", "pid": 1, "tid": 1, "ts": T0 + 30 * i,
                        "dur": 25.0, "args": {"External id": i}})
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": T0,
-                       "dur": 5.0, "args": {"External id": i, "correlation": i}})
+        launch_ts = T0 + launch_step_us * i
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": launch_ts, "dur": 5.0, "args": {"External id": i, "correlation": i}})
         if i == 0:
             gpu = {"cat": "gpu_memset", "name": "Memset (Device)", "args": {"device": 0, "stream": 7, "bytes": 4}}
         else:
             gpu = {"cat": "kernel", "name": "void fill_kernel(float*)",
-                   "args": {"device": 0, "stream": 7, "correlation": i, "External id": i, "grid": [132, 1, 1],
-                            "block": [128, 1, 1]}}
+                   "args": {"device": 0, "stream": 7, "External id": i, "grid": [132, 1, 1], "block": [128, 1, 1],
+                            **({"correlation": i} if correlated else {})}}
         events.append({"ph": "X", "pid": 0, "tid": 7, "ts": kernel_ts, "dur": 8.0, **gpu})
-        events.append({"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": T0, "cat": "ac2g", "name": "ac2g"})
-        events.append({"ph": "f", "id": i, "pid": 0, "tid": 7, "ts": kernel_ts, "cat": "ac2g", "name": "ac2g",
+        flow = i if flow_id is None else flow_id
+        events.append({"ph": "s", "id": flow, "pid": 1, "tid": 1, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"})
+        events.append({"ph": "f", "id": flow, "pid": 0, "tid": 7, "ts": kernel_ts, "cat": "ac2g", "name": "ac2g",
                        "bp": "e"})
     return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200", "numSms": 132}],
             "traceEvents": events}
@@ -112,6 +116,18 @@ def test_launches_at_one_time_keep_memory_bounded(tmp_path: Path) -> None:
     # Every kernel still goes to its own launch, and the memset to the first launch at that time on the thread.
     linked = load(str(path)).gpu_linked.sort("ts")
     assert linked["launch"].null_count() == 0
+    assert linked["correlation"].to_list() == list(range(3000))
+
+
+@pytest.mark.slow
+def test_reused_flow_ids_keep_memory_bounded(tmp_path: Path) -> None:
+    """Kernels without correlations, linked by flows that all reuse one id: each finish takes the last start of
+    that id before it, its own launch here (every flow start was joined to every finish before: 9M pairs)."""
+    path = tmp_path / "one_flow_id.json"
+    path.write_bytes(json.dumps(_launches_at_one_time(3000, flow_id=7, launch_step_us=30.0,
+                                                      correlated=False)).encode())
+    assert _peak_mb(path) < PEAK_LIMIT_MB
+    linked = load(str(path)).gpu_linked.sort("ts")
     assert linked["correlation"].to_list() == list(range(3000))
 
 

@@ -20,13 +20,22 @@ def correlation_from_flows(gpu: pl.DataFrame, flows: pl.DataFrame, launches: pl.
                                                        pl.col("tid").alias("s_tid"))
     finishes = flows.filter(pl.col("ph") == "f").select("cat", "id", pl.col("ts").alias("f_ts"),
                                                          pl.col("tid").alias("f_tid"))
-    pairs = starts.join(finishes, on=["cat", "id"])
+    # Each finish pairs with one start of its flow: the last one before it, else (a GPU clock behind the host's)
+    # the first one after it. Not every start of a reused id: merged traces reuse ids across processes, and a
+    # hostile one may reuse one id throughout (3,000 flows of one id were 9M pairs).
+    starts = starts.sort("s_ts", maintain_order=True)
+    before = finishes.sort("f_ts", maintain_order=True).join_asof(
+        starts, left_on="f_ts", right_on="s_ts", by=["cat", "id"], strategy="backward", check_sortedness=False)
+    after = before.filter(pl.col("s_ts").is_null()).select(finishes.columns).join_asof(
+        starts, left_on="f_ts", right_on="s_ts", by=["cat", "id"], strategy="forward", check_sortedness=False)
+    pairs = pl.concat([before, after]).filter(pl.col("s_ts").is_not_null())
     # One launch per (time, thread), the first: launches that share a start time on a thread would otherwise
     # join every flow start there to every one of them (4,000 launches at one time: 16M rows, 2 GB).
     keyed = launches.select(pl.col("correlation").alias("flow_corr"), pl.col("ts").alias("s_ts"),
                             pl.col("tid").cast(pl.String).alias("s_tid")).unique(["s_ts", "s_tid"], keep="first",
                                                                                   maintain_order=True)
-    pairs = pairs.join(keyed, on=["s_ts", "s_tid"]).unique(["f_ts", "f_tid"], keep="first")
+    pairs = pairs.join(keyed, on=["s_ts", "s_tid"], maintain_order="left").unique(["f_ts", "f_tid"], keep="first",
+                                                                                  maintain_order=True)
     gpu = gpu.with_columns(pl.col("tid").cast(pl.String).alias("f_tid"), pl.col("ts").alias("f_ts"))
     gpu = gpu.join(pairs.select("f_ts", "f_tid", "flow_corr"), on=["f_ts", "f_tid"], how="left")
     return gpu.with_columns(pl.coalesce("correlation", "flow_corr").alias("correlation")).drop(
