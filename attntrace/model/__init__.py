@@ -47,8 +47,9 @@ def build(raw: RawTrace) -> Trace:
     clamped = _clamp_durations(tables)
     tax = taxonomy.load()
     gpu = tables.gpu
-    names = gpu["name"].unique().to_list()
-    classes = [tax.classify(n) for n in names]
+    names = gpu["name"].unique().sort()
+    classes = tax.classify_all(names).to_list()
+    names = names.to_list()
     known = pl.DataFrame({"name": names, "cls": classes, "group": [tax.group_of(c) for c in classes]},
                          schema={"name": pl.String, "cls": pl.String, "group": pl.String})
     gpu = gpu.join(known, on="name", how="left").with_columns(

@@ -51,7 +51,9 @@ class TraceMeta:
     @property
     def rank(self) -> int | None:
         rank = (self.distributed or {}).get("rank")
-        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        # A rank past 64 bits is no rank (and no JSON output could carry it).
+        valid = isinstance(rank, int) and not isinstance(rank, bool) and -(2**63) <= rank < 2**63
+        return rank if valid else None
 
     def vendor(self, index: int | None) -> str:
         """nvidia, amd or unknown: occupancy limits and launch APIs differ by vendor."""
@@ -355,5 +357,6 @@ class Trace:
         return sorted(int(d) for d in self.gpu["device"].drop_nulls().unique().to_list())
 
     def device_name(self, index: int | None) -> str | None:
-        props = self.meta.device(index)
-        return props.get("name") if props else None
+        """The device's name as the trace gives it; None when it gives none, or no text (a hostile trace's number)."""
+        name = self.meta.device(index).get("name")
+        return name if isinstance(name, str) else None
