@@ -14,8 +14,9 @@ def op_parents(ops: pl.DataFrame) -> list[int | None]:
     That op is the previous one when it is still open (a first child: found for all ops at once); else it is
     the first of the previous op's ancestors still open, climbed to in file order, since every op between an
     op and its parent ended before it."""
+    # Stable: ops with one span keep their file order, the same at every run (polars' default sort may not).
     ordered = ops.select("idx", "pid", "tid", "ts", "end").sort(
-        ["pid", "tid", "ts", "end"], descending=[False, False, False, True])
+        ["pid", "tid", "ts", "end"], descending=[False, False, False, True], maintain_order=True)
     same_thread = (pl.struct("pid", "tid") == pl.struct("pid", "tid").shift(1)).fill_null(False)
     ordered = ordered.with_columns(pl.col("idx").shift(1).alias("previous"),
                                    (same_thread & (pl.col("end").shift(1) >= pl.col("ts"))).alias("inside"),
@@ -70,9 +71,9 @@ def innermost_ops(calls: pl.DataFrame, ops: pl.DataFrame, parent: list[int | Non
                          pl.col("tid").cast(pl.String), pl.col("ts").alias("call_ts"))
     # The latest-starting op at or before the call on its thread is the innermost candidate; if it ended
     # before the call, climb its parents until one contains the call.
-    cand = keyed.sort("call_ts").join_asof(
-        keyed_ops.sort("ts"), left_on="call_ts", right_on="ts", by=["pid", "tid"], strategy="backward",
-        check_sortedness=False)
+    cand = keyed.sort("call_ts", maintain_order=True).join_asof(
+        keyed_ops.sort("ts", maintain_order=True), left_on="call_ts", right_on="ts", by=["pid", "tid"],
+        strategy="backward", check_sortedness=False)
     ends = ops["end"].to_list()
     result: dict[int, int | None] = {}
     # Columns as lists rather than iter_rows: a tuple per row cost more than the climb.
