@@ -359,7 +359,7 @@ def test_ctrl_c_exits_130_quietly(tmp_path: Path):
         out, err = process.communicate(timeout=120)
     finally:
         os.close(writer)
-    assert process.returncode == 130
+    assert process.returncode == 130, err.decode(errors="replace")
     assert err == b"" and out == b""
 
 
@@ -376,7 +376,7 @@ def test_ctrl_c_with_workers_running_exits_130_and_leaves_no_worker(tmp_path: Pa
         out, err = process.communicate(timeout=120)
     finally:
         os.close(writer)
-    assert process.returncode == 130
+    assert process.returncode == 130, err.decode(errors="replace")
     assert err == b"" and out == b""
     if shutil.which("ps"):  # no worker of the session is left running (a zombie, already dead, may linger)
         left = subprocess.run(["ps", "-o", "stat=,args=", "-g", str(process.pid)], capture_output=True,
