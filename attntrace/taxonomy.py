@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -19,7 +18,7 @@ COMMUNICATION = "communication"
 class KernelClass:
     id: str
     description: str
-    pattern: re.Pattern[str]
+    pattern: str  # the class's patterns as one alternation, matched by polars (classify_all)
     attention: str | None
     tensor_core: bool | str | None
     group: str  # what the kernel does, for summaries: attention, gemm, communication, elementwise, ...
@@ -38,7 +37,7 @@ class Taxonomy:
         `gemm_.*(sm90|sm100)` took seconds on one long name made to defeat it."""
         found = pl.lit(OTHER)
         for cls in reversed(self.classes):
-            found = pl.when(pl.col("name").str.contains(cls.pattern.pattern)).then(pl.lit(cls.id)).otherwise(found)
+            found = pl.when(pl.col("name").str.contains(cls.pattern)).then(pl.lit(cls.id)).otherwise(found)
         return pl.DataFrame({"name": names.cast(pl.String)}).select(found.alias("cls"))["cls"]
 
     def by_id(self, class_id: str) -> KernelClass | None:
@@ -72,7 +71,7 @@ def load() -> Taxonomy:
         KernelClass(
             id=entry["id"],
             description=entry["description"],
-            pattern=re.compile("|".join(f"(?:{p})" for p in entry["patterns"])),
+            pattern="|".join(f"(?:{p})" for p in entry["patterns"]),
             attention=entry.get("attention"),
             tensor_core=entry.get("tensor_core"),
             group=entry.get("group") or _default_group(entry),

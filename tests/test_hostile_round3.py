@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_a_kernel_name_made_to_defeat_a_backtracking_regex_is_classified(tmp_pat
     _both_reported(done.stdout, bad)
     # The same class as Python's regex gives, where it still can: on a name of the same form 1% as long.
     short = "gemm_" * 400
-    expected = next((c.id for c in taxonomy.load().classes if c.pattern.search(short)), "other")
+    expected = next((c.id for c in taxonomy.load().classes if re.search(c.pattern, short)), "other")
     assert taxonomy.load().classify(short) == taxonomy.load().classify(kernel["name"]) == expected
 
 

@@ -48,8 +48,7 @@ def build(raw: RawTrace) -> Trace:
     tax = taxonomy.load()
     gpu = tables.gpu
     names = gpu["name"].unique().sort()
-    classes = tax.classify_all(names).to_list()
-    names = names.to_list()
+    classes = tax.classify_all(names)
     known = pl.DataFrame({"name": names, "cls": classes, "group": [tax.group_of(c) for c in classes]},
                          schema={"name": pl.String, "cls": pl.String, "group": pl.String})
     gpu = gpu.join(known, on="name", how="left").with_columns(
