@@ -681,6 +681,9 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     for c in result["comparisons"]:
         for line in c["errors"]:
             _error(line)
+    for one_sided in result["unmatched"]:
+        if one_sided["error"]:
+            _error(one_sided["error"])
     read = [base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new"))]
     if fmt == "json":
         _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output, read)

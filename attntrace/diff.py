@@ -136,12 +136,26 @@ def _brief(f: dict[str, Any]) -> dict[str, Any]:
             "gpu_us_per_step": f["impact"]["gpu_us_per_step"]}
 
 
+def _one_sided(base: str | None, new: str | None) -> dict[str, Any] | None:
+    """A trace found on one side only is still read: a broken one must fail the run as it would in a pair, not
+    pass as "only in base". Other JSON there (a run.json) is left out, as it is from the pairs."""
+    path = base or new or ""
+    checked = guarded(path, load)
+    if isinstance(checked, InputError):
+        if checked.kind == "not-a-trace":
+            return None
+        return {"base": base, "new": new, "error": f"{checked.path}: {checked.message}"}
+    return {"base": base, "new": new, "error": None}
+
+
 def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
     comparisons, unmatched = [], []
     matched = pairs(base, new)
     for b, n in matched:
         if b is None or n is None:
-            unmatched.append({"base": b, "new": n})
+            entry = _one_sided(b, n)
+            if entry is not None:
+                unmatched.append(entry)
             continue
         result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)))
         if len(matched) > 1 and result.pop("not_traces", False):
@@ -150,7 +164,7 @@ def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
         comparisons.append(result)
     return {"comparisons": comparisons, "unmatched": unmatched, "fail_over_pct": fail_over,
             "regressions": sum(c.get("regression", False) for c in comparisons),
-            "errors": sum(bool(c["errors"]) for c in comparisons)}
+            "errors": sum(bool(c["errors"]) for c in comparisons) + sum(bool(u["error"]) for u in unmatched)}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -192,5 +206,6 @@ def render(result: dict[str, Any]) -> str:
         if c.get("why"):
             out.append(f"  why: {c['why']}")
         out.append("")
-    out += [f"only in {'base' if u['base'] else 'new'}: {u['base'] or u['new']}" for u in result["unmatched"]]
+    out += [f"only in {'base' if u['base'] else 'new'}: {u['base'] or u['new']}"
+            + ("  (unreadable)" if u["error"] else "") for u in result["unmatched"]]
     return "\n".join(out) + "\n"

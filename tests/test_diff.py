@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,28 @@ def test_directories_matched_by_name():
     assert sorted(c["base"].rsplit("/", 1)[1] for c in result["comparisons"]) == [
         "naive.pt.trace.json.gz", "sdpa_math.pt.trace.json.gz"]
     assert len(result["unmatched"]) == 8
+
+
+def test_a_trace_on_one_side_only_is_still_read(tmp_path):
+    # A broken trace that only one directory holds fails the run (exit 2, named), as it would in a pair; a good
+    # one is listed as only there; the pair beside them is still compared; other JSON (run.json) is left out.
+    base, new = tmp_path / "base", tmp_path / "new"
+    base.mkdir(), new.mkdir()
+    for side in (base, new):
+        shutil.copy(NAIVE, side / "naive.pt.trace.json.gz")
+    shutil.copy(INPLACE, base / "naive_inplace.pt.trace.json.gz")
+    shutil.copy(SAMPLES / "bf16_causal_fwd" / "run.json", base / "run.json")
+    real = gzip.decompress(Path(sample("bf16_causal_fwd/sdpa")).read_bytes())
+    (new / "cut.pt.trace.json").write_bytes(real[: len(real) // 3])  # a writer that died a third of the way in
+    code, result = diff(str(base), str(new))
+    assert code == 2 and result["errors"] == 1
+    assert len(result["comparisons"]) == 1 and not result["comparisons"][0]["errors"]
+    one_sided = {Path(u["base"] or u["new"]).name: u["error"] for u in result["unmatched"]}
+    assert one_sided.keys() == {"naive_inplace.pt.trace.json.gz", "cut.pt.trace.json"}
+    assert one_sided["naive_inplace.pt.trace.json.gz"] is None
+    assert one_sided["cut.pt.trace.json"].startswith(str(new / "cut.pt.trace.json") + ": ")
+    (new / "cut.pt.trace.json").unlink()
+    assert diff(str(base), str(new))[0] == 0
 
 
 def test_a_2x_step_is_a_regression_with_its_confidence_and_why():
