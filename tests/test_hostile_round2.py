@@ -452,6 +452,27 @@ def test_fifo_without_a_writer_is_refused_not_waited_on_forever(tmp_path: Path, 
     assert result.exit_code == 2 and "FIFO with no writer" in result.stderr and result.stderr.count("\n") == 1
 
 
+def test_fifo_whose_writer_is_connected_but_slow_is_waited_for(tmp_path: Path, monkeypatch):
+    # A producer that opened the FIFO and takes longer than the wait to write its first byte (a job still
+    # running) is a writer: its trace is read, not refused as "no writer".
+    fifo = tmp_path / "slow.json"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(buffers, "FIFO_WAIT_S", 0.2)
+    data = gzip.decompress(Path(NAIVE).read_bytes())
+
+    def feed() -> None:
+        with open(fifo, "wb") as fh:  # connected as soon as the CLI opens the FIFO
+            threading.Event().wait(1.0)
+            fh.write(data)
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    result = run("lint", "--format", "json", "-j1", str(fifo), "--fail-on", "never")
+    thread.join()
+    assert result.exit_code == 0, result.stderr
+    assert orjson.loads(result.stdout)["traces"][0]["steps"] == 3
+
+
 def test_pipe_is_read_to_its_end_as_with_process_substitution():
     data = gzip.decompress(Path(NAIVE).read_bytes())
     read_end, write_end = os.pipe()

@@ -41,7 +41,8 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
         elif sources.is_url(path):
             data = sources.read_bytes(path, max_bytes)
         else:
-            with _open(path) as fh:
+            fh, first = _open(path)
+            with fh:
                 info = os.fstat(fh.fileno())
                 if stat.S_ISDIR(info.st_mode):
                     raise TraceError("unreadable", "is a directory")
@@ -52,7 +53,7 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                                          "bytes (--max-size)")
                     data = _mapped(fh, info.st_size) or _read_regular(fh, info.st_size)
                 else:
-                    data = _read_stream(fh, max_bytes)
+                    data = _read_stream(fh, max_bytes, first)
     except IsADirectoryError as exc:
         raise TraceError("unreadable", "is a directory") from exc
     except OSError as exc:
@@ -102,35 +103,48 @@ def _read_regular(fh: Any, size: int) -> bytearray:
     return data
 
 
-def _open(path: str) -> Any:
-    """Open for reading without blocking on a FIFO that has no writer yet: wait for one a while, then refuse."""
+def _open(path: str) -> tuple[Any, bytes]:
+    """Open for reading without blocking on a FIFO that has no writer yet: wait for one a while, then refuse.
+    A writer that is connected but has not written yet is waited for, as a pipe on stdin is. Telling the two
+    apart takes a read, so the bytes it may have read come back beside the file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
+        first = b""
         if stat.S_ISFIFO(os.fstat(fd).st_mode):
             import select
 
             poller = select.poll()
             poller.register(fd, select.POLLIN | select.POLLHUP)
             if not poller.poll(int(FIFO_WAIT_S * 1000)):
-                raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
+                # Without a writer, Linux reports no event and a read finds the end; with a silent one, a
+                # non-blocking read finds nothing to read yet (EAGAIN).
+                try:
+                    first = os.read(fd, 1)
+                except BlockingIOError:
+                    first = None
+                if first == b"":
+                    raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
+                first = first or b""
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=0)
+        return os.fdopen(fd, "rb", buffering=0), first
     except BaseException:
         os.close(fd)
         raise
 
 
-def _read_stream(fh: Any, max_bytes: int) -> bytearray:
-    """Read to the end, in bounded pieces. Gzip may be up to the limit compressed; it is bounded again when
-    it is decompressed."""
-    data = bytearray()
+def _read_stream(fh: Any, max_bytes: int, first: bytes = b"") -> bytearray:
+    """Read to the end, in bounded pieces, after `first` (bytes already read from it). Gzip may be up to the limit
+    compressed; it is bounded again when it is decompressed."""
+    data = bytearray(first)
+    first_piece = True
     while True:
         piece = fh.read(STREAM_CHUNK)
         if not piece:
             return data
         data += piece
-        if len(data) == len(piece) and not may_be_a_trace(piece):
+        if first_piece and not may_be_a_trace(bytes(data)):
             return data  # not JSON, gzip or UTF-16 (/dev/zero): the first piece says why, no need for the rest
+        first_piece = False
         if len(data) > max_bytes + (1 << 20) or (len(data) > max_bytes and data[:2] != b"\x1f\x8b"):
             raise TraceError("too-large", f"the stream is over the limit of {max_bytes} bytes (--max-size)")
 
