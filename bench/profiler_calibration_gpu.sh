@@ -37,22 +37,5 @@ PY
   cp "$work/timings.json" "$out/" 2>/dev/null
 } 2>&1 | tee "$out/log.txt"
 # Pack traces into tars of at most 15 MiB (the transfer takes 8 files of 16 MiB).
-python - "$work" "$out" <<'PY'
-import sys, tarfile
-from pathlib import Path
-work, out = Path(sys.argv[1]), Path(sys.argv[2])
-files = sorted(work.glob("*.pt.trace.json.gz"), key=lambda p: p.stat().st_size)
-n, size, tar = 0, 0, None
-for f in files:
-    s = f.stat().st_size
-    if s > 15 * 2**20:
-        print("too big, left out:", f.name, s); continue
-    if tar is None or size + s > 15 * 2**20:
-        if tar: tar.close()
-        n += 1
-        if n > 5: print("out of room, left out:", f.name); tar = None; break
-        tar, size = tarfile.open(out / f"traces-{n}.tar", "w"), 0
-    tar.add(f, arcname=f.name); size += s
-if tar: tar.close()
-PY
+python bench/pack_traces.py "$work" "$out" 5
 ls -la "$out"

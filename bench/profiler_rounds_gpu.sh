@@ -14,19 +14,5 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   timeout ${ROUNDS_TIMEOUT:-500} taskset -c 2,3 python bench/profiler_rounds.py capture "$work" --rounds "$rounds" "$@"
   cp "$work/rounds.json" "$out/"
 } 2>&1 | tee "$out/log.txt"
-python - "$work" "$out" <<'PY'
-import sys, tarfile
-from pathlib import Path
-work, out = Path(sys.argv[1]), Path(sys.argv[2])
-n, size, tar = 0, 0, None
-for f in sorted(work.glob("*.pt.trace.json.gz")):
-    s = f.stat().st_size
-    if tar is None or size + s > 15 * 2**20:
-        if tar: tar.close()
-        n += 1
-        if n > 6: print("out of room, left out from:", f.name); tar = None; break
-        tar, size = tarfile.open(out / f"traces-{n}.tar", "w"), 0
-    tar.add(f, arcname=f.name); size += s
-if tar: tar.close()
-PY
+python bench/pack_traces.py "$work" "$out" 6
 ls -la "$out"

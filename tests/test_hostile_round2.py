@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from conftest import ROOT, SAMPLES, sample
 from test_hostile import run_measured
 
@@ -429,10 +429,18 @@ def test_fifo_in_a_directory_is_passed_over(tmp_path: Path):
 def test_fifo_named_on_the_command_line_is_read_as_a_stream(tmp_path: Path):
     fifo = tmp_path / "stream.json"
     os.mkfifo(fifo)
+    result = _lint_while_feeding(fifo, first_byte_after_s=0.0)
+    assert result.exit_code == 0, result.stderr
+    assert orjson.loads(result.stdout)["traces"][0]["steps"] == 3
+
+
+def _lint_while_feeding(fifo: Path, first_byte_after_s: float) -> Result:
+    """`lint` of a FIFO that a thread feeds a real trace in 4 KiB pieces, its first one after a delay."""
     data = gzip.decompress(Path(NAIVE).read_bytes())
 
     def feed() -> None:
         with open(fifo, "wb") as fh:  # blocks until the CLI opens the FIFO
+            threading.Event().wait(first_byte_after_s)
             for i in range(0, len(data), 4096):
                 fh.write(data[i:i + 4096])
 
@@ -440,8 +448,7 @@ def test_fifo_named_on_the_command_line_is_read_as_a_stream(tmp_path: Path):
     thread.start()
     result = run("lint", "--format", "json", "-j1", str(fifo), "--fail-on", "never")
     thread.join()
-    assert result.exit_code == 0, result.stderr
-    assert orjson.loads(result.stdout)["traces"][0]["steps"] == 3
+    return result
 
 
 def test_fifo_without_a_writer_is_refused_not_waited_on_forever(tmp_path: Path, monkeypatch):
@@ -458,17 +465,7 @@ def test_fifo_whose_writer_is_connected_but_slow_is_waited_for(tmp_path: Path, m
     fifo = tmp_path / "slow.json"
     os.mkfifo(fifo)
     monkeypatch.setattr(buffers, "FIFO_WAIT_S", 0.2)
-    data = gzip.decompress(Path(NAIVE).read_bytes())
-
-    def feed() -> None:
-        with open(fifo, "wb") as fh:  # connected as soon as the CLI opens the FIFO
-            threading.Event().wait(1.0)
-            fh.write(data)
-
-    thread = threading.Thread(target=feed)
-    thread.start()
-    result = run("lint", "--format", "json", "-j1", str(fifo), "--fail-on", "never")
-    thread.join()
+    result = _lint_while_feeding(fifo, first_byte_after_s=1.0)
     assert result.exit_code == 0, result.stderr
     assert orjson.loads(result.stdout)["traces"][0]["steps"] == 3
 
