@@ -43,7 +43,11 @@ SYNC_FLOOR_US = 4.0
 STEADY_RATIO = 1.5
 HOST_FACTOR_MIN, HOST_FACTOR_MAX = 0.5, 3.0
 COST_NAMES = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
-              "step_us", "graph_kernel_us")
+              "step_us", "graph_kernel_us", "inductor_kernel_us", "inductor_kernel_shapes_us",
+              "inductor_kernel_stack_us")
+# The op torch.compile's (Inductor's) launcher records around each Triton kernel it launches: it takes that path,
+# and records it, only while the profiler runs.
+INDUCTOR_KERNEL_OP = "triton_"
 SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
 
 
@@ -57,6 +61,12 @@ class ProfilerCosts:
     runtime_call_us: float
     step_us: float
     graph_kernel_us: float
+    # What Inductor's launcher does per Triton kernel only under the profiler (its kernel's name and arguments
+    # gathered in Python, a RecordFunctionFast op), beyond the cost of the op it records; more with record_shapes
+    # (the arguments' shapes) and with with_stack (the Python tracer follows all of it).
+    inductor_kernel_us: float = 0.0
+    inductor_kernel_shapes_us: float = 0.0
+    inductor_kernel_stack_us: float = 0.0
     measured_on: dict[str, Any] = field(default_factory=dict)
     # The median launch call (cudaLaunchKernel, cuLaunchKernel...) under the profiler on the host the costs were
     # measured on. A trace whose launch calls took longer was recorded on a slower host or with a costlier
@@ -83,6 +93,14 @@ class ProfilerCosts:
             return self, 1.0
         factor = min(HOST_FACTOR_MAX, max(HOST_FACTOR_MIN, launch_us / self.launch_call_us))
         return replace(self, **{name: getattr(self, name) * factor for name in COST_NAMES}), factor
+
+    def inductor_kernel_cost(self, settings: dict[str, bool]) -> float:
+        cost = self.inductor_kernel_us
+        if settings.get("record_shapes"):
+            cost += self.inductor_kernel_shapes_us
+        if settings.get("with_stack"):
+            cost += self.inductor_kernel_stack_us
+        return cost
 
     def op_cost(self, settings: dict[str, bool]) -> float:
         cost = self.cpu_op_us
@@ -222,7 +240,9 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
 
     clock = _CpuClock(pl.concat([
         costed(ops["ts"], op_cost), costed(launches["ts"], costs.runtime_call_us),
-        costed(python["ts"], costs.python_function_us), costed(steps["ts"].slice(1), costs.step_us), graphs]))
+        costed(python["ts"], costs.python_function_us), costed(steps["ts"].slice(1), costs.step_us), graphs,
+        costed(ops.filter(pl.col("name").str.starts_with(INDUCTOR_KERNEL_OP))["ts"],
+               costs.inductor_kernel_cost(settings))]))
     single = set(per_launch.filter(pl.col("len") == 1)["launch"].to_list())
     latency = _idle_launch_latency(gpu, launches.filter(pl.col("idx").is_in(list(single))).select("idx", "ts"),
                                    costs.runtime_call_us)
