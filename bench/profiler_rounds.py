@@ -36,10 +36,19 @@ BAR = 0.15
 
 def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) -> int:
     import torch
-    from profiler_calibration import GPU_BOUND, HELD_OUT, SETTINGS, WORKLOADS, capture, host_info, time_unprofiled
+    from profiler_calibration import (
+        COMPILED_HELD_OUT,
+        GPU_BOUND,
+        HELD_OUT,
+        SETTINGS,
+        WORKLOADS,
+        capture,
+        host_info,
+        time_unprofiled,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
-    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND}
+    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT}
     names = names or list(factories)
     results: dict[str, Any] = {"_host": host_info(), "_rounds": rounds}
     steps = {}
