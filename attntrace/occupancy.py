@@ -27,15 +27,16 @@ class Occupancy:
 
 def theoretical(device: dict[str, Any], threads_per_block: int, registers_per_thread: int,
                 shared_memory_per_block: int) -> Occupancy | None:
-    """None when the device properties or launch configuration lack what the calculation needs."""
-    warp_size = int(device.get("warpSize") or 32)
-    max_threads = device.get("maxThreadsPerMultiprocessor")
-    regs_per_sm = device.get("regsPerMultiprocessor") or device.get("regsPerBlock")
-    smem_per_sm = device.get("sharedMemPerMultiprocessor")
-    smem_per_block = device.get("sharedMemPerBlockOptin") or device.get("sharedMemPerBlock")
-    if not max_threads or not regs_per_sm or threads_per_block <= 0:
+    """None when the device properties or launch configuration lack what the calculation needs (a property that
+    is not a positive whole number counts as missing: it comes from the trace's writer, whoever that was)."""
+    warp_size = _count(device, "warpSize") or 32
+    max_threads = _count(device, "maxThreadsPerMultiprocessor")
+    regs_per_sm = _count(device, "regsPerMultiprocessor") or _count(device, "regsPerBlock")
+    smem_per_sm = _count(device, "sharedMemPerMultiprocessor")
+    smem_per_block = _count(device, "sharedMemPerBlockOptin") or _count(device, "sharedMemPerBlock")
+    if not max_threads or not regs_per_sm or threads_per_block <= 0 or max_threads < warp_size:
         return None
-    cc = (int(device.get("computeMajor") or 0), int(device.get("computeMinor") or 0))
+    cc = (_count(device, "computeMajor") or 0, _count(device, "computeMinor") or 0)
     max_blocks = MAX_BLOCKS_PER_SM.get(cc, 32 if cc[0] >= 9 else 16)
     max_warps = max_threads // warp_size
     warps_per_block = -(-threads_per_block // warp_size)
@@ -53,3 +54,11 @@ def theoretical(device: dict[str, Any], threads_per_block: int, registers_per_th
     blocks = max(0, limits[limited_by])
     percent = 100.0 * blocks * warps_per_block / max_warps
     return Occupancy(round(min(percent, 100.0), 1), blocks, limited_by)
+
+
+def _count(device: dict[str, Any], key: str) -> int | None:
+    """A device property as a positive whole number, or None."""
+    value = device.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 2**62:
+        return None
+    return int(value) if value == int(value) else None

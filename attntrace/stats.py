@@ -19,7 +19,8 @@ def steady(steps: list[float]) -> list[float]:
     positive = [s for s in steps if s > 0]
     if not positive:
         return []
-    kept = [s for s in positive if s <= STEADY_RATIO * min(positive)]
+    bound = STEADY_RATIO * min(positive)
+    kept = [s for s in positive if s <= bound]
     return kept if len(kept) >= 2 else positive
 
 

@@ -33,7 +33,14 @@ from attntrace.events import (
 )
 from attntrace.read import salvage
 from attntrace.read.buffers import let_go
-from attntrace.read.encodings import NON_SPACE, SURROGATE, replace_lone_surrogates, utf16_to_utf8
+from attntrace.read.encodings import (
+    NON_SPACE,
+    RAW_SURROGATE,
+    SURROGATE,
+    replace_lone_surrogates,
+    replace_raw_surrogates,
+    utf16_to_utf8,
+)
 from attntrace.read.raw import CHUNK_BYTES, Buffer, Pieces, RawTrace
 
 _EVENTS = msgspec.json.Decoder(list[AnyEvent])
@@ -62,6 +69,12 @@ def decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False) 
         fixed = replace_lone_surrogates(data)
         if fixed:
             notes.append(f"{fixed} lone UTF-16 surrogate(s) in strings replaced with U+FFFD")
+    # Likewise a byte 0xED first: it leads only Hangul syllables and (invalid) surrogates.
+    if data.find(b"\xed") >= 0 and RAW_SURROGATE.search(data):
+        if not isinstance(data, bytearray):
+            data = bytearray(data)
+        fixed = replace_raw_surrogates(data)
+        notes.append(f"{fixed} UTF-16 surrogate(s) written as UTF-8 bytes replaced with U+FFFD")
     raw = _decode(path, data, salvage, whole)
     if raw.chunks is None and not raw.document.traceEvents:  # (events in pieces are counted as decoded)
         if raw.dropped_events:

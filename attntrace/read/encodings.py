@@ -96,6 +96,22 @@ def utf16_to_utf8(data: Buffer) -> bytearray | None:
 SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+# A surrogate written out as UTF-8 bytes (CESU-8, or a writer that encoded a lone surrogate): not valid UTF-8,
+# yet the decoder keeps it, and Python's str then holds a code point that no UTF-8 output can take.
+RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
+REPLACEMENT_UTF8 = "\ufffd".encode()
+
+
+def replace_raw_surrogates(data: bytearray) -> int:
+    """Replace each surrogate written as three UTF-8 bytes with U+FFFD's three bytes, in place (offsets stay);
+    return how many. A pair written that way (CESU-8) becomes two replacement characters."""
+    count = 0
+    for match in RAW_SURROGATE.finditer(data):
+        data[match.start():match.end()] = REPLACEMENT_UTF8
+        count += 1
+    return count
+
+
 def replace_lone_surrogates(data: bytearray) -> int:
     """Replace each \\uD800-\\uDFFF escape that is not half of a pair with \\uFFFD, in place (same length,
     so offsets stay); return how many. Pairs (emoji) are kept."""
