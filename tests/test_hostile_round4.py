@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import sample
@@ -101,3 +102,21 @@ def test_many_steps_with_many_graph_captures_keep_memory_bounded(tmp_path: Path)
     assert _peak_mb(path) < PEAK_LIMIT_MB
     windows = load(str(path)).steps.sort("step")
     assert windows["capture"].to_list() == [bool(i % 2) for i in range(6000)]
+
+
+@pytest.mark.slow
+def test_many_steps_on_many_devices_keep_memory_bounded(tmp_path: Path):
+    # The step table held every step for every device: 5,000 steps on 500 devices that each worked in one step
+    # were 2.5M rows, 4 GB and 1.1 GB of summary JSON. A device now has a row for the steps it worked in; a step
+    # where none worked keeps one row.
+    steps, devices = 5000, 500
+    events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1,
+                                     "tid": 1, "ts": i * 10.0, "dur": 9.0} for i in range(steps)]
+    events += [{"ph": "X", "cat": "kernel", "name": "k", "pid": d, "tid": 7, "ts": d * 10.0 + 1, "dur": 5.0,
+                "args": {"device": d, "stream": 7}} for d in range(devices)]
+    path = tmp_path / "steps_by_devices.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert _peak_mb(path) < PEAK_LIMIT_MB
+    table = load(str(path)).step_table
+    assert table.height == steps
+    assert table.filter(pl.col("kernels") > 0).select("step", "device").rows() == [(d, d) for d in range(devices)]
