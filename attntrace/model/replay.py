@@ -95,20 +95,16 @@ class ProfilerCosts:
         return replace(self, **{name: getattr(self, name) * factor for name in COST_NAMES}), factor
 
     def inductor_kernel_cost(self, settings: dict[str, bool]) -> float:
-        cost = self.inductor_kernel_us
-        if settings.get("record_shapes"):
-            cost += self.inductor_kernel_shapes_us
-        if settings.get("with_stack"):
-            cost += self.inductor_kernel_stack_us
-        return cost
+        return _by_setting(settings, self.inductor_kernel_us, self.inductor_kernel_shapes_us,
+                           self.inductor_kernel_stack_us)
 
     def op_cost(self, settings: dict[str, bool]) -> float:
-        cost = self.cpu_op_us
-        if settings.get("record_shapes"):
-            cost += self.cpu_op_shapes_us
-        if settings.get("with_stack"):
-            cost += self.cpu_op_stack_us
-        return cost
+        return _by_setting(settings, self.cpu_op_us, self.cpu_op_shapes_us, self.cpu_op_stack_us)
+
+
+def _by_setting(settings: dict[str, bool], plain: float, shapes: float, stack: float) -> float:
+    """A cost under these settings: what every recording pays, plus what record_shapes and with_stack add."""
+    return plain + (shapes if settings.get("record_shapes") else 0.0) + (stack if settings.get("with_stack") else 0.0)
 
 
 def settings_of(flags: dict[str, bool], has_shapes: bool, python_events: int) -> dict[str, Any]:
