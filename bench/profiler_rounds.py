@@ -88,7 +88,6 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
 def replay_captures(trace_dirs: list[Path], results_path: Path) -> int:
     """Lint every capture and keep, per capture, what issue 22 judges: the replayed step, the step as recorded,
     the GPU busy time and AT402's claim, beside the un-profiled timings around it."""
-    from attntrace.engine import lint_trace
     from attntrace.loading import load
 
     captures, hosts = [], []
@@ -100,13 +99,15 @@ def replay_captures(trace_dirs: list[Path], results_path: Path) -> int:
                 for run in runs:
                     path = trace_dir / f"{name}.{setting}.r{run['round']}.pt.trace.json.gz"
                     if path.exists():
-                        captures.append(_judged_capture(load(str(path)), lint_trace, name, setting, run))
+                        captures.append(_judged_capture(load(str(path)), name, setting, run))
     document = {"hosts": hosts, "captures": captures}
     results_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     return print_tables(document)
 
 
-def _judged_capture(trace: Any, lint_trace: Any, name: str, setting: str, run: dict[str, Any]) -> dict[str, Any]:
+def _judged_capture(trace: Any, name: str, setting: str, run: dict[str, Any]) -> dict[str, Any]:
+    from attntrace.engine import lint_trace
+
     report = lint_trace(trace)
     per_device = trace.replay.per_device().sort("gpu_busy_us", descending=True, maintain_order=True)
     replayed = per_device.row(0, named=True) if per_device.height and not trace.replay.reason else {}

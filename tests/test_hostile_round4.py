@@ -48,8 +48,8 @@ def test_a_surrogate_written_as_utf8_bytes_is_replaced_not_a_traceback(tmp_path:
 @pytest.mark.parametrize(("key", "value"), [("warpSize", -1), ("warpSize", 4096), ("warpSize", 0.5),
                                             ("maxThreadsPerMultiprocessor", 16), ("maxThreadsPerMultiprocessor", True),
                                             ("maxThreadsPerMultiprocessor", "2048"), ("sharedMemPerBlockOptin", [1]),
-                                            ("regsPerMultiprocessor", "abc"), ("computeMajor", "9"),
-                                            ("maxThreadsPerMultiprocessor", float("inf"))])
+                                            ("regsPerMultiprocessor", "abc"), ("computeMajor", "abc"),
+                                            ("computeMinor", [1])])
 def test_device_properties_that_are_not_counts_are_ignored(tmp_path: Path, key: str, value: Any):
     # AT401's occupancy divided by them: a ZeroDivisionError or TypeError turned the whole trace into an internal
     # error. A property that is not a positive whole number is now missing: the occupancy is not computed from it.

@@ -142,7 +142,8 @@ class Trace:
 
     @cached_property
     def step_table(self) -> pl.DataFrame:
-        """One row per step and device: step, device, cpu_us (the step's CPU window), gpu_busy_us (union of the
+        """One row per step and device that worked in it (a step where no device worked: one row, the first
+        device's): step, device, cpu_us (the step's CPU window), gpu_busy_us (union of the
         device's streams), compute_us, comm_us, overlap_us (compute and communication at once), kernels,
         memcpy, memset, kernel_us, launches, launch_cpu_us, capture, and step_us = max(cpu_us, gpu_busy_us)."""
         windows = self.steps

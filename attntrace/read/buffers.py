@@ -117,14 +117,11 @@ def _open(path: str) -> tuple[Any, bytes]:
             poller.register(fd, select.POLLIN | select.POLLHUP)
             if not poller.poll(int(FIFO_WAIT_S * 1000)):
                 # Without a writer, Linux reports no event and a read finds the end; with a silent one, a
-                # non-blocking read finds nothing to read yet (EAGAIN).
-                try:
+                # non-blocking read finds nothing to read yet (EAGAIN), and the blocking reads then wait for it.
+                with contextlib.suppress(BlockingIOError):
                     first = os.read(fd, 1)
-                except BlockingIOError:
-                    first = None
-                if first == b"":
-                    raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
-                first = first or b""
+                    if not first:
+                        raise TraceError("unreadable", f"FIFO with no writer (waited {FIFO_WAIT_S:g} s)")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=0), first
     except BaseException:
