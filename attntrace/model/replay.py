@@ -21,6 +21,7 @@ import bisect
 import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from operator import itemgetter
 from typing import Any
 
 import polars as pl
@@ -165,6 +166,13 @@ class _CpuClock:
         i = bisect.bisect_right(self.starts, t)
         return self.cumulative[i - 1] if i else 0.0
 
+    def overheads_before(self, times: list[float]) -> list[float]:
+        """overhead_before of each time, in one sorted search instead of one bisection each."""
+        cumulative = [0.0, *self.cumulative]
+        found = pl.Series(self.starts, dtype=pl.Float64).search_sorted(pl.Series(times, dtype=pl.Float64),
+                                                                        side="right")
+        return [cumulative[i] for i in found.to_list()]
+
     def at(self, t: float) -> float:
         return t - self.overhead_before(t) - self.saved
 
@@ -246,11 +254,12 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     copy_end = dict(zip(copies["launch"].to_list(), copies["end"].to_list(), strict=True))
 
     # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
-    # calls (which wait for it).
-    cpu_events: list[tuple[float, int, Any]] = []
+    # calls (which wait for it). Each entry: (time, kind, tie-break, payload); kind 1 is a blocking call, 0 a
+    # launch's work, 2 work with no launch in the window; at one time and kind, work that started first goes first.
+    cpu_events: list[tuple[float, int, float, Any]] = []
     for idx, (ts, end, name) in launch_rows.items():
         if _is_blocking(name, end - ts, copy_end.get(idx), end):
-            cpu_events.append((end, 1, (idx, ts, end)))
+            cpu_events.append((end, 1, 0.0, (idx, ts, end)))
     work_by_launch: dict[int, list[tuple[int, float, float, int]]] = {}
     unlaunched: list[tuple[int, float, float, int]] = []
     for launch, *item in zip(gpu["launch"].to_list(), gpu["idx"].to_list(), gpu["ts"].to_list(),
@@ -260,14 +269,18 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
         else:
             unlaunched.append(tuple(item))
     for launch, items in work_by_launch.items():
-        cpu_events.append((launch_rows[launch][0], 0, items))
+        cpu_events.append((launch_rows[launch][0], 0, items[0][1], items))
     single_work = {item[0] for launch in single for item in work_by_launch.get(launch, ())}
     # Work with no launch in the window that ran before the window's first launched work was queued before the
     # window: it goes first, in its recorded order, ahead of everything launched in the window.
     first_launched = min((item[1] for items in work_by_launch.values() for item in items), default=float("inf"))
     for item in unlaunched:
-        cpu_events.append((begin - 1.0 if item[1] < first_launched else item[1], 2, [item]))
-    cpu_events.sort(key=lambda e: (e[0], e[1], e[2][0][1] if e[1] != 1 else 0.0))
+        cpu_events.append((begin - 1.0 if item[1] < first_launched else item[1], 2, item[1], [item]))
+    cpu_events.sort(key=itemgetter(0, 1, 2))
+    # The profiler's cost before each moment the loop asks about (a launch, a sync's call and return), found in
+    # one search: the loop below runs once per GPU event and is the replay's cost on a large trace.
+    asked = [t for t, kind, _, payload in cpu_events for t in ((payload[1], payload[2]) if kind == 1 else (t,))]
+    overhead = dict(zip(asked, clock.overheads_before(asked), strict=True))
 
     stream_end: dict[int, tuple[float, float]] = {}  # stream -> (recorded end, replayed end) of its last work
     ends_recorded: list[float] = []  # recorded ends of placed work, sorted, with replayed ends alongside
@@ -278,7 +291,9 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     new_start: dict[int, float] = {}
     new_end: dict[int, float] = {}
     sync_returns: dict[int, float] = {}
-    for t, kind, payload in cpu_events:
+    runtime_call_us = costs.runtime_call_us
+    find = bisect.bisect_right
+    for t, kind, _, payload in cpu_events:
         if kind == 1:
             sync, ts, end = payload
             # The sync returned at `end`: what it waited for had ended by then. In the replay it returns when
@@ -286,19 +301,20 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             if end + TOUCH_US >= latest_recorded:
                 done = latest_replayed
             else:
-                i = bisect.bisect_right(ends_recorded, end + TOUCH_US)
+                i = find(ends_recorded, end + TOUCH_US)
                 done = max(ends_replayed[:i], default=float("-inf"))
-            start_new = clock.at(ts)
+            start_new = ts - overhead[ts] - clock.saved
             returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
-            clock.saved += clock.at(end) - returns
+            clock.saved += (end - overhead[end] - clock.saved) - returns
             sync_returns[sync] = returns
             continue
+        launched_at = t - overhead[t] - clock.saved if kind == 0 else 0.0
         for idx, ts, end, stream in payload:
             prev = stream_end.get(stream)
             gap = max(0.0, ts - prev[0]) if prev else 0.0
             if kind == 0:
-                ready = clock.at(t) + latency
-                explained = t + latency + costs.runtime_call_us
+                ready = launched_at + latency
+                explained = t + latency + runtime_call_us
                 if prev is not None:
                     # Back-to-back work keeps its (GPU-side) gap; work that waited for its launch loses the wait.
                     ready = max(ready, prev[1] + min(gap, 1.0))
@@ -308,7 +324,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                 explained = ts if prev is None else prev[0]
             if ts - explained > TOUCH_US:
                 # It started later than its launch and its stream allow: it waited for another stream's work.
-                i = bisect.bisect_right(ends_recorded, ts + 0.01)
+                i = find(ends_recorded, ts + 0.01)
                 if i and ts - ends_recorded[i - 1] <= TOUCH_US:
                     ready = max(ready, ends_replayed[i - 1])
                 elif kind == 0 and idx in single_work and prev is not None and prev[0] >= t + latency:
@@ -319,12 +335,19 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                     # it; nor a graph launch: its kernels wait for the call, which the profiler lengthens.)
                     ready = max(ready, prev[1] + (ts - prev[0]))
             stop = ready + (end - ts)
-            new_start[idx], new_end[idx] = ready, stop
+            new_start[idx] = ready
+            new_end[idx] = stop
             stream_end[stream] = (end, stop)
-            j = bisect.bisect_right(ends_recorded, end)
-            ends_recorded.insert(j, end)
-            ends_replayed.insert(j, stop)
-            latest_recorded, latest_replayed = max(latest_recorded, end), max(latest_replayed, stop)
+            if end >= latest_recorded:  # work mostly ends in order: append rather than search
+                ends_recorded.append(end)
+                ends_replayed.append(stop)
+                latest_recorded = end
+            else:
+                j = find(ends_recorded, end)
+                ends_recorded.insert(j, end)
+                ends_replayed.insert(j, stop)
+            if stop > latest_replayed:
+                latest_replayed = stop
 
     per_step_events = {"cpu_ops": ops.height / steps.height, "runtime_calls": launches.height / steps.height,
                        "python_functions": python.height / steps.height}
