@@ -56,7 +56,7 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
         if reason is None:
             ctx = Context(trace, rule, settings.params[rule_id], settings.severity.get(rule_id, rule.severity))
             try:
-                report.findings.extend(CHECKS[rule_id](ctx))
+                report.findings.extend(map(_json_safe, CHECKS[rule_id](ctx)))
             except Skip as skip:
                 reason = str(skip)
         if reason:
@@ -66,6 +66,20 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     info["impact_gpu_us_per_step"] = round(sum(f["impact"]["gpu_us_per_step"] for f in report.findings
                                                if "subsumed_by" not in f), 3)
     return report
+
+
+def _json_safe(value: Any) -> Any:
+    """A finding with its integers past 64 bits as floats: a size multiplied out of a hostile trace's shapes
+    can pass them, and no JSON writer takes such an integer (the report of every trace in the run was lost)."""
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_json_safe(item) for item in value)
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return float(value)
+    return value
 
 
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"

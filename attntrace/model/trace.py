@@ -76,7 +76,7 @@ def _shared_strings(column: pl.Series) -> list[str]:
 
 
 def _decoded(args: Args) -> tuple[Any, Any, Any]:
-    return (_as_dims(decode_raw(args.input_dims)), _as_list(decode_raw(args.input_types)),
+    return (_as_dims(decode_raw(args.input_dims)), _as_types(decode_raw(args.input_types)),
             _as_list(decode_raw(args.concrete_inputs)))
 
 
@@ -84,17 +84,30 @@ def _as_list(value: Any) -> list[Any] | None:
     return value if isinstance(value, list) else None
 
 
+def _as_types(value: Any) -> list[str] | None:
+    """Input type as a list of type names: an element that is not text (a list, a number) is an unknown type,
+    "", as PyTorch writes for inputs that are not tensors; rules look the names up."""
+    if not isinstance(value, list):
+        return None
+    return [t if isinstance(t, str) else "" for t in value]
+
+
+def _is_dim(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
 def _as_dims(value: Any) -> list[Any] | None:
     """Input Dims as a list of shapes (lists): writers that put an integer where a shape goes ("Input Dims": 5,
-    or [2, 3]) get each integer as a one-dimensional shape, anything else as an empty one."""
+    or [2, 3]) get each integer as a one-dimensional shape, anything else as an empty one (unknown), and so
+    does a shape with a size past 64 bits, which no tensor has and no report could write."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return [[value]]
+        return [[value]] if _is_dim(value) else [[]]
     if not isinstance(value, list):
         return None
-    return [d if isinstance(d, list) else [d] if isinstance(d, int) and not isinstance(d, bool) else []
-            for d in value]
+    return [(d if all(_is_dim(x) or isinstance(x, list) for x in d) else []) if isinstance(d, list)
+            else [d] if _is_dim(d) else [] for d in value]
 
 
 @dataclass

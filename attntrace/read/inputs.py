@@ -71,7 +71,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
         elif exists:
             yield given, False
         elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
-            matches = sorted(glob.glob(given, recursive=True))
+            matches = sorted(_glob(given))
             files = [m for m in matches if os.path.isfile(m)]
             for folder in (m for m in matches if os.path.isdir(m)):  # a matched directory is searched as one
                 found, problems = _walk_traces(Path(folder))
@@ -82,6 +82,21 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
             yield from ((match, True) for match in sorted(set(files)))
         else:
             yield TraceError("not-found", "no such file or directory", path=given)
+
+
+def _glob(pattern: str) -> list[str]:
+    """The paths a quoted pattern matches. A `**` does not follow links to directories, as a directory's walk
+    does not: glob.glob follows them, and two links to "." made its walk branch until the OS refused (hours)."""
+    if "**" not in pattern:
+        return glob.glob(pattern)
+    magic = _GLOB.search(pattern)
+    cut = pattern.rfind("/", 0, magic.start() if magic else len(pattern))
+    root, rest = (pattern[:cut] or "/", pattern[cut + 1:]) if cut >= 0 else (".", pattern)
+    if not rest:
+        return []
+    # pathlib's `**` never enters a linked directory (Python 3.11 and 3.12; 3.13's default is the same).
+    found = Path(root).glob(rest)
+    return [str(p) for p in found]
 
 
 def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:

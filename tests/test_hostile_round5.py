@@ -1,0 +1,70 @@
+"""Hostile inputs, round 5 (a probe of generated cases): what broke the contract, each from a real trace where
+the case allows it. Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import sample
+
+from attntrace.cli import main
+
+NAIVE, MATH, GOOD = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math"), sample("bf16_causal_fwd/sdpa")
+
+
+def lint_json(*paths: str) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "-j1", "--fail-on", "never", *paths])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, orjson.loads(result.stdout), result.stderr
+
+
+def _with_inputs(source: str, tmp_path: Path, key: str, change: Any) -> str:
+    document = json.loads(gzip.decompress(Path(source).read_bytes()))
+    changed = 0
+    for event in document["traceEvents"]:
+        args = event.get("args")
+        if isinstance(args, dict) and key in args:
+            args[key] = change(args[key])
+            changed += 1
+    assert changed
+    path = tmp_path / f"{key.replace(' ', '_')}.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+@pytest.mark.parametrize(("source", "dims"), [(NAIVE, [2**70, 2**70]), (MATH, [2**70, 2**70]), (NAIVE, [2**62] * 6)])
+def test_shapes_past_64_bits_leave_the_json_report_whole(tmp_path: Path, source: str, dims: list[int]):
+    # A size past 64 bits (in a shape, or multiplied out of shapes by AT102/AT202) reached a finding, and the JSON
+    # report could not be written: a traceback, nothing on stdout, the good trace beside it lost.
+    path = _with_inputs(source, tmp_path, "Input Dims", lambda shapes: [dims for _ in shapes])
+    code, report, stderr = lint_json(path, GOOD)
+    assert code == 0 and "Traceback" not in stderr
+    assert [t["error"] for t in report["traces"]] == [None, None]
+
+
+def test_an_input_type_that_is_not_text_is_an_unknown_type(tmp_path: Path):
+    # A list where a type name goes: rules look type names up, and the trace was an internal error (unhashable).
+    path = _with_inputs(NAIVE, tmp_path, "Input type", lambda types: [["c10::BFloat16"], *types[1:]])
+    code, report, stderr = lint_json(path, GOOD)
+    assert code == 0 and "internal error" not in stderr
+    assert [t["error"] for t in report["traces"]] == [None, None]
+
+
+def test_a_quoted_recursive_pattern_does_not_follow_links_to_directories(tmp_path: Path):
+    # A link to "." under the pattern's folder: glob.glob's `**` followed it until the OS refused, and read the
+    # same trace once per path (t, a/t, a/a/t, ...: 8 s); two links branched into 2^40 paths, a hang.
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(NAIVE, folder / "t.pt.trace.json.gz")
+    os.symlink(".", folder / "a")
+    code, report, _ = lint_json(f"{folder}/**/*.json.gz", GOOD)
+    assert code == 0
+    assert [t["path"] for t in report["traces"]] == [str(folder / "t.pt.trace.json.gz"), GOOD]
