@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from attntrace.model import Trace
 
 SLOWEST_SHOWN = 3
+# A world size past this is no job's (the largest run on about 100,000 GPUs): the ranks without a trace are
+# listed one by one, and 2**62 of them took all the memory of the machine.
+MAX_WORLD_SIZE = 2**20
 
 
 def identity(trace: Trace) -> dict[str, Any]:
@@ -22,12 +25,18 @@ def identity(trace: Trace) -> dict[str, Any]:
     in the file name (rank3.pt.trace.json), and its step times for the per-rank spread."""
     info = trace.meta.distributed or {}
     rank, world_size, source = info.get("rank"), info.get("world_size"), "distributedInfo"
-    if not isinstance(rank, int) or isinstance(rank, bool):
+    if not _is_count(rank, 2**63):
         match = RANK_IN_NAME.search(PurePath(trace.path).name)
         rank, source = (int(match.group(1)), "name") if match else (None, None)
     step_us = trace.step_table["step_us"].to_list() if trace.has_step_markers else []
-    return {"rank": rank, "world_size": world_size if isinstance(world_size, int) else None,
-            "rank_from": source, "step_us": [round(float(us), 3) for us in step_us]}
+    known_size = _is_count(world_size, MAX_WORLD_SIZE + 1) and world_size > 0
+    return {"rank": rank, "world_size": world_size if known_size else None, "rank_from": source,
+            "step_us": [round(float(us), 3) for us in step_us]}
+
+
+def _is_count(value: Any, limit: int) -> bool:
+    """A whole number from 0 up to (not including) limit: what a rank or a world size can be."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
 
 
 def is_one_job(reports: list[TraceReport]) -> bool:

@@ -68,3 +68,18 @@ def test_a_quoted_recursive_pattern_does_not_follow_links_to_directories(tmp_pat
     code, report, _ = lint_json(f"{folder}/**/*.json.gz", GOOD)
     assert code == 0
     assert [t["path"] for t in report["traces"]] == [str(folder / "t.pt.trace.json.gz"), GOOD]
+
+
+@pytest.mark.parametrize("world_size", [2**62, 2**21, 0, -4, True])
+def test_a_world_size_no_job_has_is_unknown(tmp_path: Path, world_size: Any):
+    # Two rank traces of world size 2**62: the job summary listed its ranks without a trace one by one and took
+    # all the machine's memory (killed by the OOM killer, nothing reported).
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    paths = []
+    for rank in (0, 1):
+        document["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+        paths.append(tmp_path / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(document))
+    code, report, _ = lint_json(*map(str, paths))
+    assert code == 0 and [t["error"] for t in report["traces"]] == [None, None]
+    assert report["job"]["world_size"] is None and report["job"]["ranks_without_trace"] == []
