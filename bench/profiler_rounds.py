@@ -38,6 +38,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
     import torch
     from profiler_calibration import (
         COMPILED_HELD_OUT,
+        COMPILED_HELD_OUT_2,
         GPU_BOUND,
         HELD_OUT,
         SETTINGS,
@@ -48,7 +49,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
     )
 
     out.mkdir(parents=True, exist_ok=True)
-    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT}
+    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2}
     names = names or list(factories)
     results: dict[str, Any] = {"_host": host_info(), "_rounds": rounds}
     steps = {}
