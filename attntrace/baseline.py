@@ -6,11 +6,11 @@ the fingerprints of its known problems and two traces never share one."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from attntrace.read.buffers import read_small_file
 from attntrace.report import all_findings
 
 VERSION = 1
@@ -31,7 +31,7 @@ def dump(report: dict[str, Any]) -> bytes:
 
 def load(path: str) -> dict[str, dict[str, Any]]:
     try:
-        data = orjson.loads(Path(path).read_bytes())
+        data = orjson.loads(read_small_file(path))
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read baseline ({exc.strerror or exc})") from exc
     except orjson.JSONDecodeError as exc:

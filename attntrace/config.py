@@ -19,6 +19,7 @@ from typing import Any
 
 from attntrace.catalog import SEVERITIES, Rule, resolve
 from attntrace.model.replay import COST_NAMES
+from attntrace.read.buffers import read_small_file
 
 FAIL_ON = ("error", "warning", "info", "never")
 
@@ -80,8 +81,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The [tool.attntrace] table of a pyproject.toml (or the whole of another TOML file), checked against
     the shape settings take, so that a wrong one is one line naming the file and key before any analysis."""
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(read_small_file(path).decode())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read settings ({exc.strerror or exc})") from exc
     except tomllib.TOMLDecodeError as exc:

@@ -4,6 +4,7 @@ capture package only when it runs. Also applies such a measurement to lint's fin
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict
@@ -13,6 +14,7 @@ from typing import Any
 from attntrace import sites
 from attntrace.capture import options
 from attntrace.model import Trace
+from attntrace.read.buffers import read_small_file
 
 PLAN_SCHEMA = 1
 MEASURED_KIND = "attntrace-from-trace"
@@ -263,13 +265,19 @@ def read_measured(path: str) -> dict[str, Any]:
     import orjson
 
     try:
-        doc = orjson.loads(Path(path).read_bytes())
+        doc = orjson.loads(read_small_file(path))
     except OSError as exc:
         raise MeasuredError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except orjson.JSONDecodeError as exc:
         raise MeasuredError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("kind") != MEASURED_KIND or not isinstance(doc.get("findings"), dict):
         raise MeasuredError(f"{path}: not the run.json of `attntrace run --from-trace`")
+    for fingerprint, entry in doc["findings"].items():
+        saved = entry.get("saved_us_per_step") if isinstance(entry, dict) else None
+        if not (isinstance(saved, int | float) and not isinstance(saved, bool) and math.isfinite(saved)
+                and isinstance(entry.get("best"), str | None)):
+            raise MeasuredError(f"{path}: finding {fingerprint[:40]!r} is not a measured saving "
+                                "(an object with a number saved_us_per_step and a variant name best)")
     return doc
 
 

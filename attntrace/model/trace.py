@@ -75,6 +75,13 @@ def _shared_strings(column: pl.Series) -> list[str]:
     return list(map(values.__getitem__, column.cast(pl.Enum(values)).to_physical().to_list()))
 
 
+def _same_thread(row: dict[str, Any]) -> pl.Expr:
+    """Events of an op's process and thread. Compared as text: a table's pid or tid is text where one of its
+    events has a text pid ("Spans"), and the op's table and the Python events' table need not agree."""
+    return ((pl.col("pid").cast(pl.String) == str(row["pid"]))
+            & (pl.col("tid").cast(pl.String) == str(row["tid"])))
+
+
 def _decoded(args: Args) -> tuple[Any, Any, Any]:
     return (_as_dims(decode_raw(args.input_dims)), _as_types(decode_raw(args.input_types)),
             _as_list(decode_raw(args.concrete_inputs)))
@@ -344,8 +351,8 @@ class Trace:
             return None
         row = self.ops.row(op, named=True)
         frames = self.python.filter(
-            (pl.col("pid") == row["pid"]) & (pl.col("tid") == row["tid"]) & (pl.col("ts") <= row["ts"])
-            & (pl.col("end") >= row["ts"]) & ~pl.col("name").str.contains(LIBRARY_FRAMES)).sort("ts")
+            _same_thread(row) & (pl.col("ts") <= row["ts"]) & (pl.col("end") >= row["ts"])
+            & ~pl.col("name").str.contains(LIBRARY_FRAMES)).sort("ts")
         if not frames.height:
             return None
         match = PY_FRAME.match(frames["name"][-1])
@@ -362,8 +369,7 @@ class Trace:
             return sorted({m["file"] for m in map(PY_FRAME.match, self.python["name"].unique().to_list()) if m})
         row = self.ops.row(op, named=True)
         names = self.python.filter(
-            (pl.col("pid") == row["pid"]) & (pl.col("tid") == row["tid"]) & (pl.col("ts") <= row["ts"])
-            & (pl.col("end") >= row["ts"]))["name"].to_list()
+            _same_thread(row) & (pl.col("ts") <= row["ts"]) & (pl.col("end") >= row["ts"]))["name"].to_list()
         return [m["file"] for m in map(PY_FRAME.match, names) if m]
 
     # --- devices ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ the size limit (--max-size), and the memory guard that refuses a trace the memor
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -63,6 +64,35 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
     return data, False
+
+
+SIDE_FILE_MAX_BYTES = 256 << 20  # a settings, baseline or results file: far more than any of them holds
+
+
+def read_small_file(path: str | Path, max_bytes: int = SIDE_FILE_MAX_BYTES) -> bytes:
+    """A file the user gives beside the traces (--config, --baseline, --measured): a regular file, or a pipe or FIFO
+    (process substitution), read whole up to max_bytes. What cannot be one (a directory, /dev/zero, a FIFO with
+    no writer, anything larger) raises OSError with a one-line reason, as a missing file does."""
+    try:
+        fh, first = _open(str(path))
+    except TraceError as exc:
+        raise OSError(errno.ENXIO, exc.message) from None
+    with fh:
+        info = os.fstat(fh.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise OSError(errno.EISDIR, "is a directory")
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+            raise OSError(errno.EINVAL, "not a file or a pipe")
+        pieces, size = [first], len(first)
+        while size <= max_bytes:  # a pipe gives what it has at each read
+            piece = fh.read(min(STREAM_CHUNK, max_bytes + 1 - size))
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+    if size > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes >> 20} MiB")
+    return b"".join(pieces)
 
 
 def _mapped(fh: Any, size: int) -> mmap.mmap | None:
