@@ -51,6 +51,22 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
         raise click.ClickException(f"{_shown(output)}: cannot write output ({exc.strerror or exc})") from exc
 
 
+def _with_files_behind(read: list[str], given: Iterable[str]) -> list[str]:
+    """What a run read, for the outputs that must not replace it, with the files behind reported paths: a file
+    name that is not UTF-8 is reported with \\xNN escapes, which name no file (an output given that name replaced
+    the trace). The inputs are found again to map them; only when some reported path has an escape."""
+    if not any("\\" in path for path in read):
+        return read
+    from attntrace.loading import display_path
+    from attntrace.read import discover
+    from attntrace.sources import is_url
+
+    shown = set(read)
+    local = [path for path in given if path != "-" and not is_url(path)]
+    behind = [item[0] for item in discover(local) if isinstance(item, tuple)]
+    return [*read, *(path for path in behind if path not in shown and display_path(path) in shown)]
+
+
 def _strings(value: Any, change: Callable[[str], str]) -> Any:
     """A result with `change` applied to every string in it, keys included."""
     if isinstance(value, str):
@@ -220,7 +236,7 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max
     for err in errors:
         _error(err.line())
     ok = [r for r in results if not isinstance(r, InputError)]
-    read = [*paths, *(s["path"] for s in ok)]
+    read = _with_files_behind([*paths, *(s["path"] for s in ok)], paths)
     if fmt == "json":
         doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
         _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output, read)
@@ -571,8 +587,9 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     from attntrace.config import find_pyproject
 
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
-    read = [*paths, *(t["path"] for t in report["traces"]),
-            *(str(p) for p in (config_path, baseline_path, measured_path, find_pyproject(Path.cwd())) if p)]
+    read = _with_files_behind([*paths, *(t["path"] for t in report["traces"]),
+                               *(str(p) for p in (config_path, baseline_path, measured_path,
+                                                  find_pyproject(Path.cwd())) if p)], paths)
     if write_baseline:
         _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":
@@ -684,7 +701,8 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     for one_sided in result["unmatched"]:
         if one_sided["error"]:
             _error(one_sided["error"])
-    read = [base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new"))]
+    read = _with_files_behind([base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new"))],
+                              [base, new])
     if fmt == "json":
         _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:

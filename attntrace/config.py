@@ -88,6 +88,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from exc
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
     if path.name == "pyproject.toml" or "tool" in data:
         tool = data.get("tool", {})
         if not isinstance(tool, dict):

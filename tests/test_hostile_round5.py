@@ -145,3 +145,28 @@ def test_a_measured_saving_that_is_not_one_is_one_line(tmp_path: Path, entry: An
     assert result.exit_code == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert str(path) in line and "not a measured saving" in line
+
+
+def test_a_settings_file_nested_too_deeply_is_one_line(tmp_path: Path):
+    # tomllib parses nested arrays recursively: 5,000 deep raised RecursionError, a traceback and exit 1.
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "--config", str(deep), NAIVE])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert str(deep) in line and "nested too deeply" in line
+
+
+@pytest.mark.parametrize("option", ["--output", "--write-baseline"])
+def test_an_output_never_replaces_a_trace_whose_name_is_not_utf8(tmp_path: Path, option: str):
+    # A trace named with a byte that is not UTF-8 is reported with a \xNN escape, which names no file: the guard
+    # against writing over an input missed it, and `lint DIR -o DIR/<that name>` replaced the trace with the report.
+    folder = os.fsencode(tmp_path / "traces")
+    os.mkdir(folder)
+    victim = folder + b"/bad\xffname.json"
+    Path(os.fsdecode(victim)).write_bytes(gzip.decompress(Path(NAIVE).read_bytes()))
+    before = Path(os.fsdecode(victim)).read_bytes()
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "--fail-on", "never", option, os.fsdecode(victim),
+                                       os.fsdecode(folder)])
+    assert result.exit_code == 2 and "one of the inputs" in result.stderr
+    assert Path(os.fsdecode(victim)).read_bytes() == before
