@@ -68,7 +68,8 @@ def guarded(path: str, work: Callable[[str], T]) -> T | InputError:
     except MemoryError:
         return InputError(shown, "too-large", "out of memory while reading; raise the memory or split the trace")
     except RecursionError:
-        return InputError(shown, "not-a-trace", "JSON nested too deeply")
+        # Not passed over in a directory as other JSON is: it may well be a trace (args nested 10,000 deep).
+        return InputError(shown, "unsupported", "JSON nested too deeply for this reader")
     except Exception as exc:  # a bug in attntrace must not hide the other inputs' results
         detail = " ".join(str(exc).split())
         return InputError(shown, "internal", f"internal error ({type(exc).__name__}: {detail}); please report it")

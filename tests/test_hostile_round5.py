@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from conftest import sample
 
 from attntrace.cli import main
+from attntrace.loading import load
 
 NAIVE, MATH, GOOD = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math"), sample("bf16_causal_fwd/sdpa")
 
@@ -170,3 +171,40 @@ def test_an_output_never_replaces_a_trace_whose_name_is_not_utf8(tmp_path: Path,
                                        os.fsdecode(folder)])
     assert result.exit_code == 2 and "one of the inputs" in result.stderr
     assert Path(os.fsdecode(victim)).read_bytes() == before
+
+
+def test_a_broken_trace_in_a_directory_is_reported_not_passed_over(tmp_path: Path):
+    # A directory scan passes over JSON that is not a trace (run.json beside the traces). Traces that cannot be
+    # read were classed with it and vanished: '1 trace(s), 0 unreadable', exit 0, CI green.
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "events_null.pt.trace.json").write_text(json.dumps({**document, "traceEvents": None}))
+    deep = json.loads(json.dumps(document))
+    deep["traceEvents"][0]["args"] = {"x": "PLACEHOLDER"}
+    (folder / "deep_args.pt.trace.json").write_text(
+        json.dumps(deep).replace('"PLACEHOLDER"', "[" * 10_000 + "]" * 10_000))
+    (folder / "run.json").write_text(json.dumps({"kind": "not a trace"}))
+    shutil.copy(NAIVE, folder / "naive.pt.trace.json.gz")
+    code, report, stderr = lint_json(str(folder))
+    errors = {Path(t["path"]).name: t["error"] for t in report["traces"]}
+    assert errors["naive.pt.trace.json.gz"] is None and "run.json" not in errors
+    assert errors["events_null.pt.trace.json"]["kind"] == "bad-trace"
+    assert "nested too deeply" in errors["deep_args.pt.trace.json"]["message"]
+    assert code == 2
+
+
+def test_a_trace_whose_events_have_no_phase_is_refused_as_the_list_form_is(tmp_path: Path):
+    # An object trace whose events all lack "ph" read as an empty CPU-only trace with no word; the same events as
+    # a bare list were refused. Some events without a phase get a note.
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    for event in document["traceEvents"]:
+        event.pop("ph", None)
+    path = tmp_path / "no_ph.json"
+    path.write_text(json.dumps(document))
+    code, report, _ = lint_json(str(path), GOOD)
+    assert [t["error"] and t["error"]["kind"] for t in report["traces"]] == ["bad-trace", None]
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    document["traceEvents"][0].pop("ph")
+    path.write_text(json.dumps(document))
+    assert any("without a phase" in note for note in load(str(path)).meta.notes)

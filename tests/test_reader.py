@@ -24,7 +24,7 @@ def _write(tmp_path: Path, name: str, data: bytes) -> str:
     (b"", "empty"), (b"   \n", "empty"), (b"\xef\xbb\xbf", "empty"), (b"\xff\xfe\x00garbage", "not-json"),
     (b'{"traceEvents": [{"ph": "X"', "not-json"), (b"hello", "not-json"), (b"42", "not-json"),
     (b'"text"', "not-json"), (b'{"nodes": [], "schema": "1.0"}', "not-a-trace"),
-    (b'{"segments": []}', "not-a-trace"), (b'{"traceEvents": 5}', "not-a-trace"),
+    (b'{"segments": []}', "not-a-trace"), (b'{"traceEvents": 5}', "bad-trace"),
     (b"[1, 2, 3]", "not-a-trace"), (b'{"traceEvents": [1, "x", null]}', "not-a-trace"),
     (b"[]", "empty"), (b'{"traceEvents": []}', "empty"),
 ])

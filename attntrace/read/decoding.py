@@ -448,7 +448,9 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     else:
         raise TraceError("not-a-trace", f"JSON {type(document).__name__} is not a trace")
     if not isinstance(events, list):
-        raise TraceError("not-a-trace", f"traceEvents is a {type(events).__name__}, not a list")
+        # A document that names its events is a trace that cannot be read, not other JSON beside the traces (a
+        # directory scan passes over that one without a word).
+        raise TraceError("bad-trace", f"traceEvents is a {type(events).__name__}, not a list")
     kept: list[TraceEvent] = []
     dropped = 0
     for item in events:
@@ -464,6 +466,12 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
         doc = Document(traceEvents=[])
     doc.traceEvents = kept
     notes = [f"{dropped} malformed events ignored"] if dropped else []
+    unphased = sum(map(Unphased.__instancecheck__, kept))
+    if unphased and isinstance(document, dict):
+        if unphased == len(kept):
+            raise TraceError("bad-trace", f"none of its {unphased} events has a phase (\"ph\") the Trace Event "
+                             "Format knows")
+        notes.append(f"{unphased} events without a phase (\"ph\") the Trace Event Format knows ignored")
     raw = RawTrace(path, size, doc, dropped, notes)
     return _checked_list(raw) if isinstance(document, list) else raw
 
