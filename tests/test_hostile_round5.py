@@ -186,7 +186,7 @@ def test_a_broken_trace_in_a_directory_is_reported_not_passed_over(tmp_path: Pat
         json.dumps(deep).replace('"PLACEHOLDER"', "[" * 10_000 + "]" * 10_000))
     (folder / "run.json").write_text(json.dumps({"kind": "not a trace"}))
     shutil.copy(NAIVE, folder / "naive.pt.trace.json.gz")
-    code, report, stderr = lint_json(str(folder))
+    code, report, _ = lint_json(str(folder))
     errors = {Path(t["path"]).name: t["error"] for t in report["traces"]}
     assert errors["naive.pt.trace.json.gz"] is None and "run.json" not in errors
     assert errors["events_null.pt.trace.json"]["kind"] == "bad-trace"
@@ -202,7 +202,7 @@ def test_a_trace_whose_events_have_no_phase_is_refused_as_the_list_form_is(tmp_p
         event.pop("ph", None)
     path = tmp_path / "no_ph.json"
     path.write_text(json.dumps(document))
-    code, report, _ = lint_json(str(path), GOOD)
+    _, report, _ = lint_json(str(path), GOOD)
     assert [t["error"] and t["error"]["kind"] for t in report["traces"]] == ["bad-trace", None]
     document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
     document["traceEvents"][0].pop("ph")
