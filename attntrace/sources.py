@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from attntrace.errors import TRACE_SUFFIXES, TraceError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _GLOB = re.compile(r"[*?\[]")
 READ_CHUNK_BYTES = 8 << 20  # one request's worth: large enough for object stores, small against --max-size
+HTTP_TIMEOUT_S = 30.0  # a web server that accepts and then says nothing for this long is an error
 
 # The package each protocol needs, and the extra that installs it.
 EXTRA_OF = {
@@ -29,6 +30,15 @@ SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_
 
 def is_url(path: str) -> bool:
     return bool(_URL.match(path))
+
+
+def local_path(url: str) -> str | None:
+    """The path a file:// URL of this machine names, or None for any other URL. Such a URL is read as the path
+    is, with the guards a local file gets (a FIFO without a writer, /dev/zero, a directory's FIFOs)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+        return None
+    return unquote(parts.path) or "/"
 
 
 def shown(url: str) -> str:
@@ -64,8 +74,14 @@ def _filesystem(url: str) -> tuple[Any, str]:
         import fsspec
     except ImportError as exc:
         raise TraceError("unsupported", f"reading URLs needs fsspec: pip install 'attntrace[{extra}]'") from exc
+    options: dict[str, Any] = {}
+    if protocol in ("http", "https"):
+        import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
+
+        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=HTTP_TIMEOUT_S,
+                                                                     sock_read=HTTP_TIMEOUT_S)}
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise TraceError("unsupported", f"{protocol}:// needs a package that is not installed "
                          f"({scrub(str(exc))}): pip install 'attntrace[{extra}]'") from exc
@@ -79,6 +95,17 @@ def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
     if isinstance(exc, TraceError):
         return exc
     if isinstance(exc, FileNotFoundError):
+        # fsspec's HTTP backend reports every failed request as not found: say what the request met.
+        causes = []
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and len(causes) < 8:
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in causes):
+            return TraceError("unreadable", f"the server did not answer within {HTTP_TIMEOUT_S:g} s")
+        refused = next((c for c in causes if isinstance(c, ConnectionError)), None)
+        if refused is not None:
+            return TraceError("unreadable", f"cannot connect ({scrub(str(refused), url) or type(refused).__name__})")
         return TraceError("not-found", "no such object, bucket or prefix")
     if isinstance(exc, PermissionError):
         return TraceError("denied", f"access denied while {doing} (check the backend's credentials: "
@@ -128,10 +155,11 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
         yield TraceError(failure.kind, failure.message, path=name)
 
 
-def read_bytes(url: str, max_bytes: int) -> bytearray:
+def read_bytes(url: str, max_bytes: int, may_be_a_trace: Callable[[bytes], bool] = bool) -> bytearray:
     """The object's bytes as they are stored (gzip is handled by the reader, as for a file), read in a
     stream of bounded requests and refused once they pass max_bytes: a gzip file larger than the limit
-    cannot expand to less than it."""
+    cannot expand to less than it. An object whose first request cannot start a trace (`may_be_a_trace`: not
+    JSON, gzip or UTF-16) is not read further: the reader says why from those bytes (an endless body)."""
     try:
         fs, path = _filesystem(url)
         with fs.open(path, "rb", block_size=READ_CHUNK_BYTES, cache_type="none") as fh:
@@ -140,7 +168,10 @@ def read_bytes(url: str, max_bytes: int) -> bytearray:
                 raise TraceError("too-large", f"{size} bytes is over the limit of {max_bytes} bytes (--max-size)")
             data = bytearray()
             while chunk := fh.read(READ_CHUNK_BYTES):
+                first = not data
                 data += chunk
+                if first and not may_be_a_trace(bytes(data)):
+                    break
                 if len(data) > max_bytes:
                     raise TraceError("too-large", f"more than {max_bytes} bytes, the limit (--max-size)")
         return data

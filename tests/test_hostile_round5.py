@@ -208,3 +208,43 @@ def test_a_trace_whose_events_have_no_phase_is_refused_as_the_list_form_is(tmp_p
     document["traceEvents"][0].pop("ph")
     path.write_text(json.dumps(document))
     assert any("without a phase" in note for note in load(str(path)).meta.notes)
+
+
+def test_a_file_url_gets_the_guards_of_a_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # file:// was read through fsspec: a FIFO without a writer blocked for ever (the good trace beside it lost),
+    # and /dev/zero was read up to all free memory before anything looked at it.
+    pytest.importorskip("fsspec")
+    from attntrace.read import buffers
+
+    monkeypatch.setattr(buffers, "FIFO_WAIT_S", 0.2)
+    fifo = tmp_path / "wait.json"
+    os.mkfifo(fifo)
+    code, report, _ = lint_json(fifo.as_uri(), "file:///dev/zero", GOOD)
+    assert code == 2
+    kinds = [t["error"] and t["error"]["message"] for t in report["traces"]]
+    assert "FIFO with no writer" in kinds[0] and "not a JSON object" in kinds[1] and kinds[2] is None
+
+
+def test_a_web_server_that_never_answers_is_one_line(monkeypatch: pytest.MonkeyPatch):
+    # fsspec's HTTP backend had no read timeout: a server that accepts and says nothing hung the run.
+    pytest.importorskip("aiohttp")
+    import socket
+    import threading
+
+    from attntrace import sources
+
+    monkeypatch.setattr(sources, "HTTP_TIMEOUT_S", 0.5)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(server.accept()[0]) for _ in range(8)], daemon=True).start()
+    try:
+        code, report, _ = lint_json(f"http://127.0.0.1:{server.getsockname()[1]}/t.json", GOOD)
+    finally:
+        server.close()
+        for connection in held:
+            connection.close()
+    assert code == 2
+    assert "did not answer within 0.5 s" in report["traces"][0]["error"]["message"]
+    assert report["traces"][1]["error"] is None

@@ -40,7 +40,7 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                 raise TraceError("unreadable", "stdin is closed")
             data = _read_stream(sys.stdin.buffer, max_bytes)
         elif sources.is_url(path):
-            data = sources.read_bytes(path, max_bytes)
+            data = sources.read_bytes(path, max_bytes, may_be_a_trace)
         else:
             fh, first = _open(path)
             with fh:

@@ -20,8 +20,11 @@ _GLOB = re.compile(r"[*?\[]")
 def input_roots(paths: list[str]) -> tuple[str, ...]:
     """The inputs that name a set of traces (directories, URL prefixes, quoted patterns' folders): a trace
     found under one is known by its name and the path below it (model/identity.py)."""
+    from attntrace import sources
+
     roots = []
     for given in paths:
+        given = sources.local_path(given) or given
         magic = _GLOB.search(given)
         if given == "-":
             continue
@@ -52,6 +55,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
                 stdin_seen = True
                 yield given, False
             continue
+        given = sources.local_path(given) or given
         if sources.is_url(given):
             yield from sources.discover(given)
             continue
