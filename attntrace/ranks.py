@@ -27,7 +27,8 @@ def identity(trace: Trace) -> dict[str, Any]:
     rank, world_size, source = info.get("rank"), info.get("world_size"), "distributedInfo"
     if not _is_count(rank, 2**63):
         match = RANK_IN_NAME.search(PurePath(trace.path).name)
-        rank, source = (int(match.group(1)), "name") if match else (None, None)
+        named = int(match.group(1)) if match else None
+        rank, source = (named, "name") if _is_count(named, 2**63) else (None, None)
     step_us = trace.step_table["step_us"].to_list() if trace.has_step_markers else []
     known_size = _is_count(world_size, MAX_WORLD_SIZE + 1) and world_size > 0
     return {"rank": rank, "world_size": world_size if known_size else None, "rank_from": source,

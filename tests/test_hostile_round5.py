@@ -248,3 +248,13 @@ def test_a_web_server_that_never_answers_is_one_line(monkeypatch: pytest.MonkeyP
     assert code == 2
     assert "did not answer within 0.5 s" in report["traces"][0]["error"]["message"]
     assert report["traces"][1]["error"] is None
+
+
+def test_a_rank_in_a_file_name_past_64_bits_is_no_rank(tmp_path: Path):
+    # rank99999999999999999999.pt.trace.json beside rank1: grouped as one job, the JSON report could not hold the
+    # rank (traceback, nothing on stdout, both traces lost).
+    for name in ("rank99999999999999999999.pt.trace.json", "rank1.pt.trace.json"):
+        (tmp_path / name).write_bytes(gzip.decompress(Path(NAIVE).read_bytes()))
+    code, report, stderr = lint_json(str(tmp_path))
+    assert code == 0 and "Traceback" not in stderr
+    assert [t["error"] for t in report["traces"]] == [None, None]
