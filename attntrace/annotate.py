@@ -20,6 +20,7 @@ from attntrace.errors import TraceError
 from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
 from attntrace.output import WouldOverwriteInput, replacing
+from attntrace.read.encodings import utf16_to_utf8
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
@@ -107,6 +108,18 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def _chunks(source: str) -> Iterator[bytes]:
+    """The file's text as UTF-8, a piece at a time: a UTF-16 or UTF-32 trace (which the reader reads) is re-encoded
+    whole, so the events added are in the same encoding as the rest; any other passes through as it is."""
+    pieces = _raw_chunks(source)
+    first = next(pieces, b"")
+    if utf16_to_utf8(first[:4]) is None:
+        yield first
+        yield from pieces
+        return
+    yield bytes(utf16_to_utf8(b"".join([first, *pieces])) or b"")
+
+
+def _raw_chunks(source: str) -> Iterator[bytes]:
     """The file's bytes, gunzipped when gzip (members concatenated, as the reader reads them), a piece at a
     time: the copy is streamed, so annotating costs no second copy of the trace in memory."""
     with open(source, "rb") as fh:

@@ -258,3 +258,18 @@ def test_a_rank_in_a_file_name_past_64_bits_is_no_rank(tmp_path: Path):
     code, report, stderr = lint_json(str(tmp_path))
     assert code == 0 and "Traceback" not in stderr
     assert [t["error"] for t in report["traces"]] == [None, None]
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-32"])
+def test_a_utf16_trace_is_annotated_as_it_is_read(tmp_path: Path, codec: str):
+    # The reader reads UTF-16 and UTF-32 traces; --annotate looked for the event list in UTF-8 bytes and refused
+    # the trace ('no traceEvents list to annotate'), dropping its findings from the report.
+    path = tmp_path / "utf16.json"
+    path.write_bytes(gzip.decompress(Path(NAIVE).read_bytes()).decode().encode(codec))
+    annotated = tmp_path / "annotated.json"
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "--fail-on", "never", "--annotate",
+                                       str(annotated), str(path)])
+    assert result.exit_code == 0, result.stderr
+    findings = orjson.loads(result.stdout)["findings"]
+    assert findings and len(orjson.loads(annotated.read_bytes())["traceEvents"]) > len(
+        orjson.loads(gzip.decompress(Path(NAIVE).read_bytes()))["traceEvents"])
