@@ -20,7 +20,7 @@ from attntrace.errors import TraceError
 from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
 from attntrace.output import WouldOverwriteInput, replacing
-from attntrace.read.encodings import utf16_to_utf8
+from attntrace.read.encodings import utf16_to_utf8, wide_codec
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
@@ -112,11 +112,13 @@ def _chunks(source: str) -> Iterator[bytes]:
     whole, so the events added are in the same encoding as the rest; any other passes through as it is."""
     pieces = _raw_chunks(source)
     first = next(pieces, b"")
-    if utf16_to_utf8(first[:4]) is None:
+    if wide_codec(first[:4]) is None:
         yield first
         yield from pieces
         return
-    yield bytes(utf16_to_utf8(b"".join([first, *pieces])) or b"")
+    wide = utf16_to_utf8(b"".join([first, *pieces]))
+    assert wide is not None  # its codec was found above
+    yield bytes(wide)
 
 
 def _raw_chunks(source: str) -> Iterator[bytes]:

@@ -118,6 +118,18 @@ def test_a_side_file_that_never_ends_or_never_comes_is_one_line(tmp_path: Path, 
         assert given in line and reason in line
 
 
+def test_a_side_file_past_its_limit_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from attntrace.read import buffers
+
+    monkeypatch.setattr(buffers, "SIDE_FILE_MAX_BYTES", 4 << 20)
+    big = tmp_path / "baseline.json"
+    big.write_bytes(b" " * (6 << 20))
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "--baseline", str(big), NAIVE])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert str(big) in line and "larger than 4 MiB" in line
+
+
 def test_a_side_file_through_process_substitution_is_read(tmp_path: Path):
     # A pipe (`--baseline <(git show main:baseline.json)`) is a file the user may give: read to its end.
     baseline = tmp_path / "baseline.json"

@@ -69,10 +69,10 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
 SIDE_FILE_MAX_BYTES = 256 << 20  # a settings, baseline or results file: far more than any of them holds
 
 
-def read_small_file(path: str | Path, max_bytes: int = SIDE_FILE_MAX_BYTES) -> bytes:
+def read_small_file(path: str | Path) -> bytes:
     """A file the user gives beside the traces (--config, --baseline, --measured): a regular file, or a pipe or FIFO
-    (process substitution), read whole up to max_bytes. What cannot be one (a directory, /dev/zero, a FIFO with
-    no writer, anything larger) raises OSError with a one-line reason, as a missing file does."""
+    (process substitution), read whole up to SIDE_FILE_MAX_BYTES. What cannot be one (a directory, /dev/zero, a
+    FIFO with no writer, anything larger) raises OSError with a one-line reason, as a missing file does."""
     try:
         fh, first = _open(str(path))
     except TraceError as exc:
@@ -83,16 +83,10 @@ def read_small_file(path: str | Path, max_bytes: int = SIDE_FILE_MAX_BYTES) -> b
             raise OSError(errno.EISDIR, "is a directory")
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
             raise OSError(errno.EINVAL, "not a file or a pipe")
-        pieces, size = [first], len(first)
-        while size <= max_bytes:  # a pipe gives what it has at each read
-            piece = fh.read(min(STREAM_CHUNK, max_bytes + 1 - size))
-            if not piece:
-                break
-            pieces.append(piece)
-            size += len(piece)
-    if size > max_bytes:
-        raise OSError(errno.EFBIG, f"larger than {max_bytes >> 20} MiB")
-    return b"".join(pieces)
+        try:
+            return bytes(_read_stream(fh, SIDE_FILE_MAX_BYTES, first, sniff=False))
+        except TraceError:  # too large
+            raise OSError(errno.EFBIG, f"larger than {SIDE_FILE_MAX_BYTES >> 20} MiB") from None
 
 
 def _mapped(fh: Any, size: int) -> mmap.mmap | None:
@@ -159,11 +153,12 @@ def _open(path: str) -> tuple[Any, bytes]:
         raise
 
 
-def _read_stream(fh: Any, max_bytes: int, first: bytes = b"") -> bytearray:
+def _read_stream(fh: Any, max_bytes: int, first: bytes = b"", sniff: bool = True) -> bytearray:
     """Read to the end, in bounded pieces, after `first` (bytes already read from it). Gzip may be up to the limit
-    compressed; it is bounded again when it is decompressed."""
+    compressed; it is bounded again when it is decompressed. With `sniff`, a stream whose first piece cannot start
+    a trace stops there (a settings file is not sniffed: TOML starts with anything)."""
     data = bytearray(first)
-    first_piece = True
+    first_piece = sniff
     while True:
         piece = fh.read(STREAM_CHUNK)
         if not piece:

@@ -466,7 +466,7 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
         doc = Document(traceEvents=[])
     doc.traceEvents = kept
     notes = [f"{dropped} malformed events ignored"] if dropped else []
-    unphased = sum(map(Unphased.__instancecheck__, kept))
+    unphased = sum(isinstance(event, Unphased) for event in kept)
     if unphased and isinstance(document, dict):
         if unphased == len(kept):
             raise TraceError("bad-trace", f"none of its {unphased} events has a phase (\"ph\") the Trace Event "

@@ -72,18 +72,23 @@ def _sniff_json(head: bytes) -> None:
                          f"{body[first.start():first.start() + 12]!r})")
 
 
-def utf16_to_utf8(data: Buffer) -> bytearray | None:
-    """UTF-16 or UTF-32 text (as Windows tools write it) re-encoded as UTF-8, or None when it is not."""
-    head = bytes(data[:4])
+def wide_codec(head: bytes) -> str | None:
+    """The codec of UTF-16 or UTF-32 text (as Windows tools write it) from its first 4 bytes, or None."""
     if head.startswith(UTF32_BOMS):
-        codec = "utf-32"
-    elif head.startswith(UTF16_BOMS):
-        codec = "utf-16"
-    elif len(head) == 4 and head[1:2] == head[3:4] == b"\x00" and head[:1] in b"{[ \t\r\n":
-        codec = "utf-16-le"
-    elif len(head) == 4 and head[0:1] == head[2:3] == b"\x00" and head[1:2] in b"{[ \t\r\n":
-        codec = "utf-16-be"
-    else:
+        return "utf-32"
+    if head.startswith(UTF16_BOMS):
+        return "utf-16"
+    if len(head) >= 4 and head[1:2] == head[3:4] == b"\x00" and head[:1] in b"{[ \t\r\n":
+        return "utf-16-le"
+    if len(head) >= 4 and head[0:1] == head[2:3] == b"\x00" and head[1:2] in b"{[ \t\r\n":
+        return "utf-16-be"
+    return None
+
+
+def utf16_to_utf8(data: Buffer) -> bytearray | None:
+    """UTF-16 or UTF-32 text re-encoded as UTF-8, or None when it is not (wide_codec)."""
+    codec = wide_codec(bytes(data[:4]))
+    if codec is None:
         return None
     try:
         return bytearray(bytes(data).decode(codec).encode("utf-8", "surrogatepass"))
