@@ -28,6 +28,15 @@ def lint_json(*paths: str) -> tuple[int, dict[str, Any], str]:
     return result.exit_code, orjson.loads(result.stdout), result.stderr
 
 
+def refused_side_file(option: str, given: str) -> str:
+    """lint NAIVE with a side file that must be refused: exit 2 and one line on stderr, which is returned."""
+    result = CliRunner().invoke(main, ["lint", "--format", "json", option, given, NAIVE])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert given in line
+    return line
+
+
 def _with_inputs(source: str, tmp_path: Path, key: str, change: Any) -> str:
     document = json.loads(gzip.decompress(Path(source).read_bytes()))
     changed = 0
@@ -112,10 +121,7 @@ def test_a_side_file_that_never_ends_or_never_comes_is_one_line(tmp_path: Path, 
     fifo = tmp_path / "side.fifo"
     os.mkfifo(fifo)
     for given, reason in (("/dev/zero", "not a file or a pipe"), (str(fifo), "FIFO with no writer")):
-        result = CliRunner().invoke(main, ["lint", "--format", "json", option, given, NAIVE])
-        assert result.exit_code == 2 and "Traceback" not in result.stderr
-        (line,) = result.stderr.strip().splitlines()
-        assert given in line and reason in line
+        assert reason in refused_side_file(option, given)
 
 
 def test_a_side_file_past_its_limit_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -124,10 +130,7 @@ def test_a_side_file_past_its_limit_is_one_line(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(buffers, "SIDE_FILE_MAX_BYTES", 4 << 20)
     big = tmp_path / "baseline.json"
     big.write_bytes(b" " * (6 << 20))
-    result = CliRunner().invoke(main, ["lint", "--format", "json", "--baseline", str(big), NAIVE])
-    assert result.exit_code == 2 and "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert str(big) in line and "larger than 4 MiB" in line
+    assert "larger than 4 MiB" in refused_side_file("--baseline", str(big))
 
 
 def test_a_side_file_through_process_substitution_is_read(tmp_path: Path):
@@ -154,20 +157,14 @@ def test_a_measured_saving_that_is_not_one_is_one_line(tmp_path: Path, entry: An
     (finding,) = [f for f in lint_json(NAIVE)[1]["findings"] if f["rule"] == "AT102"]
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"kind": "attntrace-from-trace", "findings": {finding["fingerprint"]: entry}}))
-    result = CliRunner().invoke(main, ["lint", "--format", "json", "--measured", str(path), NAIVE])
-    assert result.exit_code == 2 and "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert str(path) in line and "not a measured saving" in line
+    assert "not a measured saving" in refused_side_file("--measured", str(path))
 
 
 def test_a_settings_file_nested_too_deeply_is_one_line(tmp_path: Path):
     # tomllib parses nested arrays recursively: 5,000 deep raised RecursionError, a traceback and exit 1.
     deep = tmp_path / "deep.toml"
     deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
-    result = CliRunner().invoke(main, ["lint", "--format", "json", "--config", str(deep), NAIVE])
-    assert result.exit_code == 2 and "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert str(deep) in line and "nested too deeply" in line
+    assert "nested too deeply" in refused_side_file("--config", str(deep))
 
 
 @pytest.mark.parametrize("option", ["--output", "--write-baseline"])
