@@ -41,6 +41,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
         COMPILED_HELD_OUT_2,
         GPU_BOUND,
         HELD_OUT,
+        HELD_OUT_3,
         SETTINGS,
         WORKLOADS,
         capture,
@@ -49,7 +50,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
     )
 
     out.mkdir(parents=True, exist_ok=True)
-    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2}
+    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2, **HELD_OUT_3}
     names = names or list(factories)
     results: dict[str, Any] = {"_host": host_info(), "_rounds": rounds}
     steps = {}
