@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 
+from attntrace.model import optree
 from attntrace.model.intervals import busy_us
 
 # Calls that block the host until the device is done: synchronize calls and synchronous copies.
@@ -45,10 +46,14 @@ STEADY_RATIO = 1.5
 HOST_FACTOR_MIN, HOST_FACTOR_MAX = 0.5, 3.0
 COST_NAMES = ("cpu_op_us", "cpu_op_shapes_us", "cpu_op_stack_us", "python_function_us", "runtime_call_us",
               "step_us", "graph_kernel_us", "inductor_kernel_us", "inductor_kernel_shapes_us",
-              "inductor_kernel_stack_us")
+              "inductor_kernel_stack_us", "inductor_wrapper_event_us",
+              "inductor_wrapper_statement_us")
 # The op torch.compile's (Inductor's) launcher records around each Triton kernel it launches: it takes that path,
 # and records it, only while the profiler runs.
 INDUCTOR_KERNEL_OP = "triton_"
+# The Python frame of Inductor's generated wrapper: `call` in the module it writes to its code cache
+# (<cache dir>/<2 chars>/c<hash>.py), one straight-line function with a statement per kernel and buffer.
+INDUCTOR_WRAPPER = r"/c[a-z0-9]{20,}\.py\(\d+\): call$"
 SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
 
 
@@ -68,6 +73,13 @@ class ProfilerCosts:
     inductor_kernel_us: float = 0.0
     inductor_kernel_shapes_us: float = 0.0
     inductor_kernel_stack_us: float = 0.0
+    # with_stack: every Python event directly inside Inductor's wrapper (a statement's call) costs
+    # inductor_wrapper_event_us, plus inductor_wrapper_statement_us for each such event in that call. The recorded
+    # time between two statements of the wrapper grows with the wrapper's length (on the H200 host: 6 us apart in
+    # a wrapper of 370 statements, 29 us in one of 1,400), so a wrapper of n statements costs n * (event + n *
+    # statement).
+    inductor_wrapper_event_us: float = 0.0
+    inductor_wrapper_statement_us: float = 0.0
     measured_on: dict[str, Any] = field(default_factory=dict)
     # The median launch call (cudaLaunchKernel, cuLaunchKernel...) under the profiler on the host the costs were
     # measured on. A trace whose launch calls took longer was recorded on a slower host or with a costlier
@@ -246,7 +258,8 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
         costed(ops["ts"], op_cost), costed(launches["ts"], costs.runtime_call_us),
         costed(python["ts"], costs.python_function_us), costed(steps["ts"].slice(1), costs.step_us), graphs,
         costed(ops.filter(pl.col("name").str.starts_with(INDUCTOR_KERNEL_OP))["ts"],
-               costs.inductor_kernel_cost(settings))]))
+               costs.inductor_kernel_cost(settings)),
+        _inductor_wrapper_costs(python, costs.inductor_wrapper_event_us, costs.inductor_wrapper_statement_us)]))
     single = set(per_launch.filter(pl.col("len") == 1)["launch"].to_list())
     latency = _idle_launch_latency(gpu, launches.filter(pl.col("idx").is_in(list(single))).select("idx", "ts"),
                                    costs.runtime_call_us)
@@ -353,6 +366,22 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                        "python_functions": python.height / steps.height}
     return (_per_step(trace, device, steps, clock, new_start, new_end), per_step_events,
             _idle_after_syncs(sync_returns, new_start))
+
+
+def _inductor_wrapper_costs(python: pl.DataFrame, event_us: float, statement_us: float) -> pl.DataFrame:
+    """The profiler's cost before each Python event directly inside an Inductor wrapper call (start, cost):
+    event_us plus statement_us times the number of such events in that call (python: the window's
+    python_function events)."""
+    empty = pl.DataFrame(schema={"start": pl.Float64, "cost": pl.Float64})
+    if not (event_us or statement_us) or not python.height or not python["name"].str.contains(INDUCTOR_WRAPPER).any():
+        return empty
+    events = python.select("pid", "tid", "ts", "end", "name").with_row_index("idx")
+    parent = pl.Series("parent", optree.op_parents(events), dtype=pl.UInt32)
+    wrappers = events.filter(pl.col("name").str.contains(INDUCTOR_WRAPPER))["idx"]
+    children = (events.with_columns(parent).filter(pl.col("parent").is_in(wrappers.implode()))
+                .with_columns(pl.len().over("parent").alias("statements")))
+    return children.select(pl.col("ts").cast(pl.Float64).alias("start"),
+                           (event_us + pl.col("statements") * statement_us).cast(pl.Float64).alias("cost"))
 
 
 def _idle_after_syncs(sync_returns: dict[int, float], new_start: dict[int, float]) -> dict[int, float]:
