@@ -108,10 +108,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
-# Measured on six compiled models on an H200 (README, "Compiled models no cost has seen"): what one Inductor kernel
-# costs under with_stack ranged 35-117 us by program, and nothing in a trace told which.
-COMPILED_WITH_STACK = ("; compiled code recorded with with_stack is the least certain estimate (Inductor's "
-                       "per-kernel profiler cost varied 0.6-2x by program): capture without with_stack to confirm")
+# Measured on six compiled models on an H200 (README, "Compiled models no cost has seen"): under with_stack the
+# profiler's cost was 1.6x to 4x the program itself (it grows with the square of Inductor's wrapper length), so an
+# error of a tenth in it moves the estimated step by up to 40%.
+COMPILED_WITH_STACK = ("; compiled code recorded with with_stack is the least certain estimate (the profiler cost "
+                       "several times the step there): capture without with_stack to confirm")
 
 
 def _compiled_with_stack(ctx: Context) -> bool:
