@@ -9,7 +9,7 @@ import gzip
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,10 +200,11 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
         raise TraceError("unwritable", f"cannot write {target} ({getattr(exc, 'strerror', None) or exc})") from exc
 
 
-def targets_for(paths: list[str], out: str) -> dict[str, str]:
+def targets_for(paths: list[str], out: str, keep: Iterable[str] = ()) -> dict[str, str]:
     """Where each input trace's annotated copy goes. One input file: OUT is the file (or a directory to put
     it in, when it is one). A directory: OUT is a directory with the same relative names. Several inputs:
-    OUT is a directory with each input's name under it. Raises ValueError on stdin or clashing names."""
+    OUT is a directory with each input's name under it. Raises ValueError on stdin, clashing names, or a copy
+    that would replace an input or one of the files in `keep` (the run's config, baseline...)."""
     from attntrace.read.inputs import discover
 
     if "-" in paths:
@@ -229,7 +230,7 @@ def targets_for(paths: list[str], out: str) -> dict[str, str]:
                 raise ValueError(f"--annotate: two inputs would both be written to {target}")
             mapping[path] = str(target)
     # Asked before any trace is read: a refused target is a usage error, not a trace that could not be read.
-    inputs = {os.path.realpath(p) for p in mapping}
+    inputs = {os.path.realpath(p) for p in (*mapping, *keep)}
     clash = next((t for t in sorted(mapping.values()) if os.path.realpath(t) in inputs), None)
     if clash is not None:
         raise ValueError(f"--annotate would overwrite the input {clash}: give another file or a directory")

@@ -258,14 +258,16 @@ def _paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
 def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | None = None,
          ignore: str | Iterable[str] | None = None, settings: Settings | Mapping[str, Any] | None = None, *,
          fail_on: str | None = None, config: PathLike | None = None, jobs: int = 1, max_size: int | None = None,
-         salvage: bool = False, annotate: PathLike | None = None, timelines: bool = True,
-         progress: Callable[[str, int], None] | None = None, runner: Any = None, group: str = "auto") -> Report:
+         salvage: bool = False, annotate: PathLike | None = None, keep: Iterable[PathLike] = (),
+         timelines: bool = True, progress: Callable[[str, int], None] | None = None, runner: Any = None,
+         group: str = "auto") -> Report:
     """Lint trace files or directories and return the report.
 
     select/ignore: rule ids, names or prefixes ("AT1", "hidden-copy"), as a list or comma-separated.
     settings: rule parameters, {"AT101.min_bytes": 1 << 20} or {"AT101": {"min_bytes": 1 << 20}}.
     config: a TOML file of settings ([tool.attntrace] in a pyproject.toml); none is read unless given.
     annotate: write each trace with its findings on the timeline there (see `attntrace lint --annotate`).
+    keep: files the annotated copies must not replace, beside the inputs (the run's config, baseline...).
     timelines: keep each trace's per-step GPU timeline for the HTML report (cheap next to reading).
     progress: called with (path, bytes) as each input is done.
     runner: where the traces are linted (attntrace.distributed.runner for a Dask cluster); here by default.
@@ -282,7 +284,8 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     if annotate is not None:
         from attntrace.annotate import targets_for
 
-        targets = targets_for(names, os.fspath(annotate))
+        kept = [os.fspath(p) for p in (*keep, *([config] if config else []))]
+        targets = targets_for(names, os.fspath(annotate), kept)
     options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage, input_roots(names))
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []

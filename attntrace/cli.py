@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import orjson
@@ -153,18 +153,24 @@ def _error(line: str) -> None:
     click.echo(f"error: {_shown(line)}", err=True)
 
 
-def _one_line(self: click.UsageError, file: Any = None) -> None:
-    """A usage error as one line, like every other error (click prints the usage and a hint above it)."""
-    where = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
-    click.echo(f"Error: {self.format_message()}{where}", err=True)
+def _one_line(self: click.ClickException, file: Any = None) -> None:
+    """An error as one printable line, like every other error (click prints a usage error's usage and a hint
+    above it, and a message as given: a path or config key with a newline in it split it in two)."""
+    where = (f" (see '{self.ctx.command_path} --help')"
+             if isinstance(self, click.UsageError) and self.ctx is not None else "")
+    click.echo(f"Error: {_shown(self.format_message())}{where}", err=True)
 
 
 class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         # click's own usage errors already exit 2; ClickException defaults to 1, which means "findings" here.
         click.ClickException.exit_code = EXIT_ERROR
+        click.ClickException.show = _one_line  # type: ignore[method-assign]
         click.UsageError.show = _one_line  # type: ignore[method-assign]
-        return super().main(*args, **kwargs)
+        try:  # --version and --help write while the arguments are parsed, before invoke
+            return super().main(*args, **kwargs)
+        except OSError as exc:
+            _unwritable(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         # click turns Ctrl-C into "Aborted!" and exit 1, which CI reads as findings, and a closed pipe into
@@ -174,13 +180,18 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
-            closed = exc.errno == errno.EPIPE and _stdout_closed()  # asked before stdout is pointed elsewhere
-            _quiet_stdout()  # the flush at exit would fail again
-            if closed:
-                sys.exit(EXIT_BROKEN_PIPE)
-            # Output that cannot be written (a full disk, stdout on /dev/full): one line, not a traceback.
-            _error(f"{exc.filename or 'stdout'}: {exc.strerror or exc}")
-            sys.exit(EXIT_ERROR)
+            _unwritable(exc)
+
+
+def _unwritable(exc: OSError) -> NoReturn:
+    """Output that cannot be written (a full disk, stdout on /dev/full): one line and exit 2, not a traceback; a
+    reader that went away (a closed pipe): the exit code Unix tools give."""
+    closed = exc.errno == errno.EPIPE and _stdout_closed()  # asked before stdout is pointed elsewhere
+    _quiet_stdout()  # the flush at exit would fail again
+    if closed:
+        sys.exit(EXIT_BROKEN_PIPE)
+    _error(f"{exc.filename or 'stdout'}: {exc.strerror or exc}")
+    sys.exit(EXIT_ERROR)
 
 
 def _stdout_closed() -> bool:
@@ -325,12 +336,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         raise click.BadParameter(str(exc), param_hint="--variants") from exc
     # Arguments are checked above, before torch's import (seconds) below. What torch warns at import (no NumPy)
     # is kept in run.json with the variants' warnings, not printed over the table.
-    try:
-        with warnings.catch_warnings(record=True) as import_warnings:
-            warnings.simplefilter("always")
-            from attntrace.capture import runner
-    except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    runner, import_warnings = _capture_module("runner")
     from attntrace.compare import analyse_run, header_line, peak_line, render, verdict
 
     config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
@@ -366,10 +372,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
 
 def _calibrate_profiler(device: str) -> None:
     """`run --calibrate-profiler`: the per-event costs measured here, written where lint reads its settings."""
-    try:
-        from attntrace.capture import profiler_cost
-    except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    profiler_cost = _capture_module("profiler_cost")[0]
     from attntrace.config import find_pyproject, write_profiler_costs
 
     target = find_pyproject(Path.cwd()) or Path.cwd() / "pyproject.toml"
@@ -384,6 +387,18 @@ def _calibrate_profiler(device: str) -> None:
         raise click.ClickException(f"{target}: cannot write the profiler costs ({exc})") from exc
     click.echo(text.rstrip())
     click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them")
+
+
+def _capture_module(name: str) -> tuple[Any, list[warnings.WarningMessage]]:
+    """attntrace.capture.NAME (which imports torch), and what torch warned as it was imported (no NumPy, say):
+    kept for run.json, not printed above the one line an error gets or the table."""
+    try:
+        with warnings.catch_warnings(record=True) as import_warnings:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"attntrace.capture.{name}")
+    except ImportError as exc:
+        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+    return module, import_warnings
 
 
 def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | None, steps: int, warmup: int,
@@ -413,10 +428,11 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
         else:
             _emit(fromtrace.render_plan(_printable(doc)) + "\n", None)
         sys.exit(EXIT_OK)
+    runner = _capture_module("runner")[0]  # torch, imported here after the plan
     try:
-        from attntrace.capture import runner  # noqa: F401  (torch, imported here after the plan)
-    except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+        runner.usable_device(device)  # before --out is made
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
     from attntrace.compare import header_line, render
     from attntrace.progress import run_progress
 
@@ -565,11 +581,15 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     if fmt == "parquet" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty():
         raise click.UsageError("--format parquet writes binary: give --output FILE (or pipe it)")
     runner = distributed.runner(scheduler) if scheduler else None
+    from attntrace.config import find_pyproject
+
+    # What the run reads beside the traces: no output may replace them.
+    side_files = [str(p) for p in (config_path, baseline_path, measured_path, find_pyproject(Path.cwd())) if p]
     with file_progress(list(paths)) as progress:
         try:
             result = api.lint(list(paths), settings=settings, jobs=jobs, max_size=max_size, salvage=salvage,
-                              annotate=annotate_to, timelines=fmt == "html", progress=progress, runner=runner,
-                              group=group)
+                              annotate=annotate_to, keep=side_files, timelines=fmt == "html", progress=progress,
+                              runner=runner, group=group)
         except distributed.SchedulerError as exc:
             raise click.ClickException(str(exc)) from exc
         except ValueError as exc:  # --annotate cannot map the inputs to outputs
@@ -584,12 +604,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     for trace in report["traces"]:
         if trace["error"]:
             _error(f"{trace['path']}: {trace['error']['message']}")
-    from attntrace.config import find_pyproject
-
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
-    read = _with_files_behind([*paths, *(t["path"] for t in report["traces"]),
-                               *(str(p) for p in (config_path, baseline_path, measured_path,
-                                                  find_pyproject(Path.cwd())) if p)], paths)
+    read = _with_files_behind([*paths, *(t["path"] for t in report["traces"]), *side_files], paths)
     if write_baseline:
         _emit(baseline.dump(report), write_baseline, read)
     if fmt == "json":
@@ -701,7 +717,10 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
     for one_sided in result["unmatched"]:
         if one_sided["error"]:
             _error(one_sided["error"])
-    read = _with_files_behind([base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new"))],
+    for problem in result["search_errors"]:
+        _error(problem)
+    read = _with_files_behind([base, new, *(c[side] for c in result["comparisons"] for side in ("base", "new")),
+                               *(u[side] for u in result["unmatched"] for side in ("base", "new") if u[side])],
                               [base, new])
     if fmt == "json":
         _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", output, read)

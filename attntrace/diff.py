@@ -22,18 +22,25 @@ CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sid
 METRICS = ("step_us", "gpu_busy_us", "cpu_us", "kernels", "memcpy", "memset", "launches", "launch_cpu_us")
 
 
-def pairs(base: str, new: str) -> list[tuple[str | None, str | None]]:
-    """(base, new) paths: the two files, or the traces of two directories matched by name."""
+def pairs(base: str, new: str) -> tuple[list[tuple[str | None, str | None]], list[str]]:
+    """(base, new) paths: the two files, or the traces of two directories matched by name; and what could not be
+    searched (a directory with no trace files: a diff of it would pass any gate without comparing anything)."""
     if not (Path(base).is_dir() and Path(new).is_dir()):
-        return [(base, new)]
+        return [(base, new)], []
+    problems: list[str] = []
 
     def by_label(root: str) -> dict[str, str]:
-        found = [item[0] for item in discover([root]) if isinstance(item, tuple)]
+        found = []
+        for item in discover([root]):
+            if isinstance(item, tuple):
+                found.append(item[0])
+            else:
+                problems.append(f"{display_path(root)}: {item}")
         relative = [Path(p).relative_to(root) for p in found]
         return {str(r.parent / fold_name(r.name)): p for r, p in zip(relative, found, strict=True)}
 
     left, right = by_label(base), by_label(new)
-    return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))]
+    return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))], problems
 
 
 def _classes(trace: Any, steps: int) -> dict[str, float]:
@@ -150,7 +157,7 @@ def _one_sided(base: str | None, new: str | None) -> dict[str, Any] | None:
 
 def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
     comparisons, unmatched = [], []
-    matched = pairs(base, new)
+    matched, problems = pairs(base, new)
     for b, n in matched:
         if b is None or n is None:
             entry = _one_sided(b, n)
@@ -162,9 +169,10 @@ def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
             continue  # other JSON beside the traces of a directory (run.json)
         result.pop("not_traces", None)
         comparisons.append(result)
-    return {"comparisons": comparisons, "unmatched": unmatched, "fail_over_pct": fail_over,
+    return {"comparisons": comparisons, "unmatched": unmatched, "search_errors": problems, "fail_over_pct": fail_over,
             "regressions": sum(c.get("regression", False) for c in comparisons),
-            "errors": sum(bool(c["errors"]) for c in comparisons) + sum(bool(u["error"]) for u in unmatched)}
+            "errors": sum(bool(c["errors"]) for c in comparisons) + sum(bool(u["error"]) for u in unmatched)
+            + len(problems)}
 
 
 def render(result: dict[str, Any]) -> str:

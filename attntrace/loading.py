@@ -85,11 +85,12 @@ def _init_worker(jobs: int) -> None:
     workers.CONCURRENT_JOBS = jobs
 
 
-def _pool(processes: int, jobs: int) -> ProcessPoolExecutor:
+def _pool(processes: int) -> ProcessPoolExecutor:
     # Forked from a warm server (attntrace.workers), not from this process: polars' thread pool does not
-    # survive a fork, and a spawned worker would import everything again.
+    # survive a fork, and a spawned worker would import everything again. The memory and cores are shared by
+    # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th).
     return ProcessPoolExecutor(max_workers=processes, mp_context=workers.context(), initializer=_init_worker,
-                               initargs=(jobs,))
+                               initargs=(processes,))
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
@@ -111,7 +112,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
     while start < len(todo):
         try:
             with workers.sigint_ignored():
-                pool = _pool(min(jobs, len(todo) - start), jobs)
+                pool = _pool(min(jobs, len(todo) - start))
                 futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
         except (OSError, NotImplementedError):
             # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
@@ -135,15 +136,16 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
                 _stop(pool)
         if broke_at is None:
             return
-        yield _alone(todo[broke_at], work, jobs)
+        yield _alone(todo[broke_at], work)
         start = broke_at + 1
 
 
-def _alone(path: str, work: Callable[[str], T], jobs: int) -> T | InputError:
-    """One trace in a worker of its own: its result, or its error when that worker dies too."""
+def _alone(path: str, work: Callable[[str], T]) -> T | InputError:
+    """One trace in a worker of its own (the machine to itself): its result, or its error when that worker dies
+    too."""
     try:
         with workers.sigint_ignored():
-            pool = _pool(1, jobs)
+            pool = _pool(1)
             future = pool.submit(_call, (path, work))
             # Kept now: a broken pool may let go of its process list before the error is looked at.
             processes = list((getattr(pool, "_processes", None) or {}).values())

@@ -32,7 +32,10 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     real = os.path.realpath(target)
     if existing is not None and any(_same(path, real) for path in inputs):
         raise WouldOverwriteInput("it is one of the inputs: not overwritten")
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{os.path.basename(real)}.", suffix=".tmp")
+    # The temporary name holds at most 100 bytes of the target's: a target name near the 255-byte limit is valid,
+    # the same name with a prefix and suffix around it is not.
+    stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

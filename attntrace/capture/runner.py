@@ -384,11 +384,17 @@ def _full_text(exc: BaseException, reasons: list[str]) -> str:
     return "\n".join([f"{type(exc).__name__}: {str(exc).strip()}", *reasons])
 
 
-def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, Any], list[VariantResult]]:
-    device = torch.device(config.device)
+def usable_device(name: str) -> torch.device:
+    """The device to measure on; RuntimeError when torch cannot use it here."""
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device cuda, but torch {torch.__version__} sees no CUDA device: run on a GPU machine "
                            "with a CUDA build of torch, or pass --device cpu (naive, math and sdpa at small shapes)")
+    return device
+
+
+def run(config: RunConfig, progress: Callable[[str], None]) -> tuple[dict[str, Any], list[VariantResult]]:
+    device = usable_device(config.device)
     config.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for index, name in enumerate(config.variants, 1):

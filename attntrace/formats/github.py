@@ -12,14 +12,14 @@ SHOWN_PER_LEVEL = 9  # GitHub keeps 10 annotations per level and step: the 10th 
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # Control characters other than CR/LF (which are encoded) shown escaped: an ESC or a right-to-left mark in a
+    # name or file name from the trace must not reach the log as it is.
+    shown = "".join(c if c.isprintable() or c in "\r\n" else repr(c)[1:-1] for c in text)
+    return shown.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _prop(text: str) -> str:
-    # Control characters other than CR/LF (which _data encodes) shown escaped: an ESC or a right-to-left mark
-    # in a file name must not reach the log as it is.
-    shown = "".join(c if c.isprintable() or c in "\r\n" else repr(c)[1:-1] for c in text)
-    return _data(shown).replace(":", "%3A").replace(",", "%2C")
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def render(report: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ def render(report: dict[str, Any]) -> str:
         busy = sum(r.get("gpu_busy_us", 0.0) for r in steps) / len(steps)
         share = s["tensor_core_share_of_gemm"]
         found = [f for f in report["findings"] if f["trace"] == t["path"]]
-        rows.append([_code(t["path"]), t["device"] or "CPU", t["steps"] or "-", _ms(busy),
+        rows.append([_code(t["path"]), _cell(t["device"] or "CPU"), t["steps"] or "-", _ms(busy),
                      s["kernels"], s["memcpy"], "-" if share is None else f"{100 * share:.0f}%",
                      " ".join(f"{ICON[sev]}{sum(f['severity'] == sev for f in found)}" for sev in ICON)])
     out.append(tabulate(rows, headers=["trace", "device", "steps", "GPU ms/step", "kernels", "memcpy",
@@ -83,6 +83,12 @@ def _row(f: dict[str, Any]) -> str:
 
 
 def _cell(text: str) -> str:
+    """Text in a table cell, outside code spans: one cell and one line, and no HTML of the trace's (a name with
+    `<!--` in it hid the rest of the comment)."""
+    return _one_cell(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def _one_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -93,4 +99,4 @@ def _code(text: str) -> str:
         return ""
     fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{_cell(text)}{pad}{fence}"
+    return f"{fence}{pad}{_one_cell(text)}{pad}{fence}"

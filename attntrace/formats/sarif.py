@@ -5,6 +5,7 @@ fingerprint, and are listed in its properties."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from attntrace import __version__
 from attntrace.catalog import Rule
@@ -28,17 +29,23 @@ def _rule(rule: Rule) -> dict[str, Any]:
     }
 
 
+def _uri(path: str) -> str:
+    """A path as SARIF's uri (a URI reference): spaces, '#', '%' and control characters percent-encoded; a URL's
+    scheme and the path's slashes kept."""
+    return quote(path, safe="/:@")
+
+
 def _result(finding: dict[str, Any], rule_index: dict[str, int]) -> dict[str, Any]:
     where = finding["where"]
     locations: list[dict[str, Any]] = [{
-        "physicalLocation": {"artifactLocation": {"uri": finding["trace"]}},
+        "physicalLocation": {"artifactLocation": {"uri": _uri(finding["trace"])}},
         **({"logicalLocations": [{"fullyQualifiedName": where["op_chain"], "kind": "function"}]}
            if where.get("op_chain") else {}),
     }]
     source = where.get("source")
     if source:
         # The user's code that led to the op comes first: that is where code scanning shows the alert.
-        locations.insert(0, {"physicalLocation": {"artifactLocation": {"uri": source["file"]},
+        locations.insert(0, {"physicalLocation": {"artifactLocation": {"uri": _uri(source["file"])},
                                                   "region": {"startLine": source["line"]}},
                              "message": {"text": f"in {source['function']}()"}})
     result: dict[str, Any] = {
@@ -54,7 +61,7 @@ def _result(finding: dict[str, Any], rule_index: dict[str, int]) -> dict[str, An
     consequences = finding.get("consequences", ())
     if consequences:
         result["relatedLocations"] = [
-            {"id": n, "physicalLocation": {"artifactLocation": {"uri": c["trace"]}},
+            {"id": n, "physicalLocation": {"artifactLocation": {"uri": _uri(c["trace"])}},
              "message": {"text": f"{c['rule']} {c['name']} (counted in this cause, fingerprint {c['fingerprint']}): "
                                  f"{c['message']}"}}
             for n, c in enumerate(consequences, 1)]

@@ -356,7 +356,8 @@ class Trace:
         if not frames.height:
             return None
         match = PY_FRAME.match(frames["name"][-1])
-        if not match:
+        # A line that no file has (0, or past what a 32-bit line number holds) names no place in the code.
+        if not match or not 1 <= int(match["line"]) < 2**31:
             return None
         return {"file": match["file"], "line": int(match["line"]), "function": match["function"]}
 

@@ -71,8 +71,9 @@ SIDE_FILE_MAX_BYTES = 256 << 20  # a settings, baseline or results file: far mor
 
 def read_small_file(path: str | Path) -> bytes:
     """A file the user gives beside the traces (--config, --baseline, --measured): a regular file, or a pipe or FIFO
-    (process substitution), read whole up to SIDE_FILE_MAX_BYTES. What cannot be one (a directory, /dev/zero, a
-    FIFO with no writer, anything larger) raises OSError with a one-line reason, as a missing file does."""
+    (process substitution), read whole up to SIDE_FILE_MAX_BYTES, a UTF-8 byte order mark left out. What cannot
+    be one (a directory, /dev/zero, a FIFO with no writer, anything larger) raises OSError with a one-line
+    reason, as a missing file does."""
     try:
         fh, first = _open(str(path))
     except TraceError as exc:
@@ -84,7 +85,9 @@ def read_small_file(path: str | Path) -> bytes:
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
             raise OSError(errno.EINVAL, "not a file or a pipe")
         try:
-            return bytes(_read_stream(fh, SIDE_FILE_MAX_BYTES, first, sniff=False))
+            # Without a UTF-8 byte order mark, which editors on Windows write and JSON and TOML parsers refuse (a
+            # trace with one is read).
+            return bytes(_read_stream(fh, SIDE_FILE_MAX_BYTES, first, sniff=False)).removeprefix(b"\xef\xbb\xbf")
         except TraceError:  # too large
             raise OSError(errno.EFBIG, f"larger than {SIDE_FILE_MAX_BYTES >> 20} MiB") from None
 
