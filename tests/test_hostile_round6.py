@@ -213,3 +213,100 @@ def test_a_baseline_with_a_byte_order_mark_is_read(tmp_path: Path):
     result = run("lint", NAIVE, "--baseline", str(baseline), "--format", "json")
     assert result.exit_code == 0, result.stderr
     assert {f["baseline"] for f in orjson.loads(result.stdout)["findings"]} == {"known"}
+
+
+# Round 6, trace content.
+
+def _events_changed(source: str, tmp_path: Path, name: str, change: Any) -> str:
+    def each(document: dict[str, Any]) -> None:
+        for event in document["traceEvents"]:
+            change(event)
+
+    return changed(source, tmp_path, name, each)
+
+
+@pytest.mark.parametrize("pid", ["\u00b2", "9" * 5000])
+def test_a_pid_of_odd_digits_is_no_internal_error(tmp_path: Path, pid: str):
+    # "²" passes str.isdigit and 5,000 digits pass it too; int() refuses both: an internal error, the trace lost.
+    cpu = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
+
+    def repid(event: dict[str, Any]) -> None:
+        if event.get("cat") in cpu:
+            event["pid"] = pid
+
+    _, report, stderr = lint_json(_events_changed(NAIVE, tmp_path, "pid.json", repid), MATH)
+    assert "internal error" not in stderr
+    assert [t["error"] for t in report["traces"]] == [None, None]
+
+
+def test_a_python_frame_line_of_5000_digits_is_no_internal_error(tmp_path: Path):
+    def reline(event: dict[str, Any]) -> None:
+        if event.get("cat") == "python_function" and "variants.py" in event["name"]:
+            event["name"] = "model.py(" + "9" * 5000 + "): " + event["name"].rsplit(": ", 1)[1]
+
+    _, report, stderr = lint_json(_events_changed(STACK_NAIVE, tmp_path, "line.json", reline))
+    assert "internal error" not in stderr and report["traces"][0]["error"] is None
+
+
+def test_an_arg_first_seen_past_a_rules_first_rows_is_no_internal_error(tmp_path: Path):
+    # AT201 built a frame from its GEMM rows, and polars guessed each column's type from the first 100: a `bytes`
+    # arg on the 951st FP32 GEMM kernel (and on no earlier one) failed the whole trace.
+    document = json.loads(gzip.decompress(Path(sample("calibration/mlp_item_sync.plain")).read_bytes()))
+    fp32 = [e for e in document["traceEvents"] if e.get("cat") == "kernel" and "ffma" in e.get("name", "")]
+    assert len(fp32) > 100
+    fp32[-1]["args"]["bytes"] = 1
+    path = tmp_path / "bytes.json"
+    path.write_text(json.dumps(document))
+    _, report, stderr = lint_json(str(path))
+    assert "internal error" not in stderr and report["traces"][0]["error"] is None
+    assert "AT201" in {f["rule"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(("field", "value", "odd"), [
+    ("record_shapes", True, None), ("cupti_version", "13.0.1", "cupti_version"),
+    ("distributedInfo", ["rank", 1], "distributedInfo"), ("deviceProperties", {"name": "x"}, "deviceProperties")])
+def test_an_odd_header_field_is_ignored_alone(tmp_path: Path, field: str, value: Any, odd: str | None):
+    # One header field of a type the typed decode did not expect failed it: the whole document went through
+    # Python objects (4x the memory on a large trace) and every header field was dropped without a word, the
+    # device's properties and the rank with it.
+    def set_field(document: dict[str, Any]) -> None:
+        document[field] = value
+        if field != "distributedInfo":
+            document["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 2}
+
+    path = changed(NAIVE, tmp_path, "header.json", set_field)
+    result = run("summary", path, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    (trace,) = orjson.loads(result.stdout)["traces"]
+    notes = [n for n in trace["notes"] if "header field" in n]
+    assert notes == ([] if odd is None else [f"header field(s) of a type Kineto does not write ignored: {odd}"])
+    if field != "deviceProperties":
+        assert trace["device"] == "NVIDIA H200"
+    assert trace["rank"] == (None if field == "distributedInfo" else 1)
+    if field == "record_shapes":
+        assert trace["profiler"]["settings"] == {**trace["profiler"]["settings"], "record_shapes": True,
+                                                 "source": "header"}
+
+
+def test_steps_numbered_against_time_replay_in_time_order(tmp_path: Path):
+    # Markers numbered 9, 5, 1 in time: the replay went through them by number, and the profiler's cost of a step
+    # came out negative (-117 us) and one step's estimate three times the others.
+    markers = iter((9, 5, 1))
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    cpu_steps = sorted((e for e in document["traceEvents"] if e.get("cat") == "user_annotation"
+                        and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    for event in cpu_steps:
+        event["name"] = f"ProfilerStep#{next(markers)}"
+    path = tmp_path / "reversed.json"
+    path.write_text(json.dumps(document))
+    result = run("summary", str(path), "--format", "json")
+    (trace,) = orjson.loads(result.stdout)["traces"]
+    good = orjson.loads(run("summary", NAIVE, "--format", "json").stdout)["traces"][0]
+    assert trace["profiler"]["cpu_us_per_step"] > 0
+    assert trace["profiler"]["est_step_us"] == pytest.approx(good["profiler"]["est_step_us"], rel=0.05)
+
+
+def lint_json(*paths: str) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "-j1", "--fail-on", "never", *paths])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, orjson.loads(result.stdout), result.stderr

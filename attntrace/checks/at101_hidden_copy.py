@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_of
+from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_in
 
 # Ops that are a copy the user asked for: a copy kernel under only these (up to the user's own annotations)
 # was asked for.
@@ -182,7 +182,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             device=rows[0]["device"],
             message=(f"{asked_by} makes {ctx.per_step(len(rows), f'hidden {kind}')} of {size} "
                      f"({fmt_us(us_per_step)} GPU {ctx.each_step}) via {chain}"),
-            where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_of(pl.DataFrame(rows))},
+            where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_in(rows)},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
                       "bytes_per_step": per_copy * count if per_copy else None, "largest_copy_bytes": largest,
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),

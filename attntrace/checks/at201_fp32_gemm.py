@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.checks.base import Context, fmt_ms, steps_of
+from attntrace.checks.base import Context, fmt_ms, steps_in
 
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"
 LOW_PRECISION = {"c10::BFloat16", "c10::Half"}
@@ -101,7 +101,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores{where_from}, not tensor cores: {why}: "
                      f"{fmt_ms(us_per_step)} GPU {ctx.each_step} ({100 * share:.0f}% of compute); tensor cores "
                      f"would save ~{fmt_ms(saved)} if {speedup:g}x faster"),
-            where={"op_chain": chains[0], "kernel": kernels[0], "steps": steps_of(pl.DataFrame(rows))},
+            where={"op_chain": chains[0], "kernel": kernels[0], "steps": steps_in(rows)},
             evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels[:20],
                       "op_chains": chains[:20], "op_chain_count": len(chains),
                       "gpu_us_per_step": us_per_step, "share_of_compute": share, "compute_us_per_step": compute_us,

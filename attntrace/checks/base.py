@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -194,6 +195,12 @@ def count_per_step(total: int, steps: int, has_steps: bool, noun: str, plural: s
 
 def steps_of(frame: pl.DataFrame) -> list[int]:
     return sorted(int(s) for s in frame["step"].unique().to_list() if s is not None)
+
+
+def steps_in(rows: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The steps of rows taken from a table (a frame built from them guessed each column's type from its first
+    rows, and a value first set past them failed it)."""
+    return sorted({int(r["step"]) for r in rows if r.get("step") is not None})
 
 
 def fmt_bytes(n: float) -> str:

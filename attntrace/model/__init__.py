@@ -39,6 +39,41 @@ def _clamp_durations(tables: Any) -> int:
     return count
 
 
+FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
+VERSIONS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
+
+
+def header(doc: Any) -> tuple[list[dict[str, Any]], dict[str, bool], dict[str, int], dict[str, Any] | None,
+                              list[str]]:
+    """The header fields the model uses, each kept when it has the type Kineto writes: devices (a list of
+    objects), profiler flags (0/1 or a bool), versions (integers), distributedInfo (an object); and the names of
+    those that were there with another type (each ignored alone, the rest kept)."""
+    odd: list[str] = []
+    devices: list[dict[str, Any]] = []
+    if isinstance(doc.deviceProperties, list):
+        devices = [d for d in doc.deviceProperties if isinstance(d, dict)]
+    elif doc.deviceProperties is not None:
+        odd.append("deviceProperties")
+    flags = {}
+    for name in FLAGS:
+        value = getattr(doc, name)
+        if value is not None and not (isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))):
+            odd.append(name)
+            value = None
+        flags[name] = bool(value)
+    versions = {}
+    for name in VERSIONS:
+        value = getattr(doc, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            versions[name] = value
+        elif value is not None:
+            odd.append(name)
+    distributed = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None
+    if doc.distributedInfo is not None and distributed is None:
+        odd.append("distributedInfo")
+    return devices, flags, versions, distributed, odd
+
+
 def build(raw: RawTrace) -> Trace:
     doc = raw.document
     tables = split_trace(raw)
@@ -55,16 +90,13 @@ def build(raw: RawTrace) -> Trace:
         pl.when(pl.col("kind") == "kernel").then(pl.col("cls")).otherwise(pl.col("kind")).alias("cls"),
         pl.when(pl.col("kind") == "kernel").then(pl.col("group")).otherwise(pl.lit("copy")).alias("group"),
     ).sort("idx")
+    devices, flags, versions, distributed, odd = header(doc)
     meta = TraceMeta(
-        devices=[d for d in (doc.deviceProperties or []) if isinstance(d, dict)],
-        flags={k: bool(getattr(doc, k)) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops",
-                                                   "with_modules")},
-        versions={k: getattr(doc, k) for k in ("schemaVersion", "cuda_driver_version", "cuda_runtime_version",
-                                               "cupti_version") if getattr(doc, k) is not None},
-        distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
+        devices=devices, flags=flags, versions=versions, distributed=distributed,
         dropped_events=raw.dropped_events,
         notes=list(raw.notes) + ([f"{clamped} event(s) with an absurd duration (over {MAX_DUR_US:.0e} us or not "
-                                  "finite) read as 0"] if clamped else []),
+                                  "finite) read as 0"] if clamped else [])
+              + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else []),
         incomplete=raw.incomplete,
     )
     return Trace(path=raw.path, size=raw.size, meta=meta, ops=tables.ops, launches=tables.launches, gpu=gpu,

@@ -18,6 +18,7 @@ The costs per event come from attntrace/profiler_cost.toml (measured on an H200 
 from __future__ import annotations
 
 import bisect
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -216,9 +217,10 @@ def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
     frames, counts, idle_after_sync = [], [], {}
     for device, pid in sorted(trace.device_process.items()):
         mine = steps.filter(pl.col("pid").cast(pl.String) == pid)
-        if not mine.height or not pid.lstrip("-").isdigit():
+        # A pid of ASCII digits (str.isdigit also takes "²", which int() refuses) that int() reads quickly.
+        if not mine.height or not re.fullmatch(r"-?[0-9]{1,40}", pid):
             continue
-        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("step"), settings, costs)
+        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("ts", "step"), settings, costs)
         frames.append(frame)
         counts.append(per_step)
         idle_after_sync.update(idle)

@@ -21,7 +21,7 @@ from attntrace.read.decoding import decode_raw
 if TYPE_CHECKING:
     from attntrace.model.tables import OpInputs
 
-PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
+PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>[0-9]+)\): (?P<function>.+)$")
 # Frames that are not the user's code: the interpreter, torch and installed libraries.
 LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|threading\.py|runpy"
 # Real op stacks are tens of ops deep. Ops that share one start time nest by containment into one chain as long
@@ -356,8 +356,9 @@ class Trace:
         if not frames.height:
             return None
         match = PY_FRAME.match(frames["name"][-1])
-        # A line that no file has (0, or past what a 32-bit line number holds) names no place in the code.
-        if not match or not 1 <= int(match["line"]) < 2**31:
+        # A line that no file has (0, or past what a 32-bit line number holds) names no place in the code; its
+        # length is asked first (int() refuses 5,000 digits).
+        if not match or len(match["line"]) > 10 or not 1 <= int(match["line"]) < 2**31:
             return None
         return {"file": match["file"], "line": int(match["line"]), "function": match["function"]}
 
