@@ -42,6 +42,17 @@ def changed(source: str, tmp_path: Path, name: str, change: Any) -> str:
     return str(path)
 
 
+def copies_renamed(tmp_path: Path, suffix: str, device: str = "") -> str:
+    """The naive sample with `suffix` after each aten::copy_'s name and `device` after its device's."""
+    def rename(document: dict[str, Any]) -> None:
+        document["deviceProperties"][0]["name"] += device
+        for event in document["traceEvents"]:
+            if event.get("name") == "aten::copy_":
+                event["name"] += suffix
+
+    return changed(NAIVE, tmp_path, "hostile.json", rename)
+
+
 @pytest.mark.parametrize("option", ["--baseline", "--config", "--measured", "pyproject"])
 def test_annotate_never_replaces_a_file_the_run_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str):
     # --annotate compared its target with the traces only: given the baseline's (or config's, or the nearest
@@ -130,12 +141,7 @@ def test_from_trace_without_cuda_is_one_line_and_makes_no_folder(tmp_path: Path)
 
 def test_github_annotations_show_control_characters_of_trace_names_escaped(tmp_path: Path):
     # Only file= and title= were escaped: an ESC, a BEL and a right-to-left mark in an op name reached the log.
-    def rename(document: dict[str, Any]) -> None:
-        for event in document["traceEvents"]:
-            if event.get("name") == "aten::copy_":
-                event["name"] += "\x1b[31mRED\x1b]0;title\x07\u202e"
-
-    path = changed(NAIVE, tmp_path, "hostile.json", rename)
+    path = copies_renamed(tmp_path, "\x1b[31mRED\x1b]0;title\x07\u202e")
     result = run("lint", path, "--format", "github", "--fail-on", "never")
     assert result.exit_code == 0
     assert not {"\x1b", "\x07", "\u202e"} & set(result.stdout)
@@ -144,13 +150,7 @@ def test_github_annotations_show_control_characters_of_trace_names_escaped(tmp_p
 
 def test_markdown_carries_no_html_or_table_breaks_from_the_trace(tmp_path: Path):
     # A device name's `|` added a column, and `<!--` in a name hid the rest of a pull-request comment.
-    def rename(document: dict[str, Any]) -> None:
-        document["deviceProperties"][0]["name"] += " | <!-- hidden"
-        for event in document["traceEvents"]:
-            if event.get("name") == "aten::copy_":
-                event["name"] += "<!--<script>x</script>"
-
-    path = changed(NAIVE, tmp_path, "hostile.json", rename)
+    path = copies_renamed(tmp_path, "<!--<script>x</script>", device=" | <!-- hidden")
     result = run("lint", path, "--format", "markdown", "--fail-on", "never")
     assert result.exit_code == 0
     assert "<!--" not in result.stdout and "<script>" not in result.stdout
