@@ -310,3 +310,30 @@ def lint_json(*paths: str) -> tuple[int, dict[str, Any], str]:
     result = CliRunner().invoke(main, ["lint", "--format", "json", "-j1", "--fail-on", "never", *paths])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result.exit_code, orjson.loads(result.stdout), result.stderr
+
+
+def test_repeated_step_numbers_are_said(tmp_path: Path):
+    # Every marker named ProfilerStep#2: one step holding all the work, and nothing said (a diff against the
+    # same program read +200%).
+    def renumber(event: dict[str, Any]) -> None:
+        if str(event.get("name", "")).startswith("ProfilerStep#"):
+            event["name"] = "ProfilerStep#2"
+
+    result = run("summary", _events_changed(NAIVE, tmp_path, "repeated.json", renumber), "--format", "json")
+    (trace,) = orjson.loads(result.stdout)["traces"]
+    assert trace["steps"] == 1
+    assert "2 ProfilerStep marker(s) repeating a step number of their process ignored" in " ".join(trace["notes"])
+
+
+def test_a_gpu_event_at_an_absurd_time_is_set_aside(tmp_path: Path):
+    # One kernel at ts 1e308: durations that absurd were read as 0 with a note, timestamps were not, and the step
+    # it fell in was estimated at 1e308 us.
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    kernels = [e for e in document["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[-1]["ts"] = 1e308
+    path = tmp_path / "stray.json"
+    path.write_text(json.dumps(document))
+    (trace,) = orjson.loads(run("summary", str(path), "--format", "json").stdout)["traces"]
+    good = orjson.loads(run("summary", NAIVE, "--format", "json").stdout)["traces"][0]
+    assert trace["profiler"]["est_step_us"] == pytest.approx(good["profiler"]["est_step_us"], rel=0.05)
+    assert "1 GPU event(s) more than 1e+11 us from the others ignored" in trace["notes"]

@@ -39,6 +39,23 @@ def _clamp_durations(tables: Any) -> int:
     return count
 
 
+def _drop_stray_gpu_events(tables: Any) -> int:
+    """GPU events that start more than MAX_DUR_US from the middle of the others (a timestamp of 1e308 in a
+    hand-edited trace made the step it fell in last 1e308 us): dropped and counted. The GPU table's rows are
+    referred to by idx, not by position, so rows can go."""
+    gpu = tables.gpu
+    if not gpu.height:
+        return 0
+    middle = gpu.select(pl.col("ts").filter(pl.col("ts").is_finite()).median()).item()
+    if middle is None:
+        return 0
+    stray = ~pl.col("ts").is_finite() | ((pl.col("ts") - middle).abs() > MAX_DUR_US)
+    count = gpu.select(stray.sum()).item()
+    if count:
+        tables.gpu = gpu.filter(~stray)
+    return count
+
+
 FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
 VERSIONS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
 
@@ -80,6 +97,7 @@ def build(raw: RawTrace) -> Trace:
     # Only the ops' args outlive this (for their input fields, decoded on demand); the events can go.
     doc.traceEvents = []
     clamped = _clamp_durations(tables)
+    stray = _drop_stray_gpu_events(tables)
     tax = taxonomy.load()
     gpu = tables.gpu
     names = gpu["name"].unique().sort()
@@ -96,6 +114,7 @@ def build(raw: RawTrace) -> Trace:
         dropped_events=raw.dropped_events,
         notes=list(raw.notes) + ([f"{clamped} event(s) with an absurd duration (over {MAX_DUR_US:.0e} us or not "
                                   "finite) read as 0"] if clamped else [])
+              + ([f"{stray} GPU event(s) more than {MAX_DUR_US:.0e} us from the others ignored"] if stray else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else []),
         incomplete=raw.incomplete,
     )

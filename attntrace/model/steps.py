@@ -83,6 +83,10 @@ def _from_markers(ops: pl.DataFrame, notes: list[str]) -> Steps | None:
     windows = (numbered.select(pl.col("pid").cast(pl.String), "step", "ts", "end")
                .sort(["pid", "step", "ts"]).unique(["pid", "step"], keep="first", maintain_order=True)
                .with_columns(pl.lit(False).alias("capture")).sort(["pid", "ts", "step"]))
+    repeated = numbered.height - windows.height
+    if repeated:  # said, not silent: every marker named ProfilerStep#2 read as one step holding all the work
+        notes.append(f"{repeated} ProfilerStep marker(s) repeating a step number of their process ignored (the "
+                     "first of each number kept)")
     # A marker inside another one of its process (a nested ProfilerStep) is not a step of its own.
     nested = pl.col("end") <= pl.col("end").cum_max().shift(1).over("pid")
     inner = windows.filter(nested.fill_null(False)).height
