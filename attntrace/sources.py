@@ -16,6 +16,9 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _GLOB = re.compile(r"[*?\[]")
 READ_CHUNK_BYTES = 8 << 20  # one request's worth: large enough for object stores, small against --max-size
 HTTP_TIMEOUT_S = 30.0  # a web server that accepts and then says nothing for this long is an error
+# And one request (up to READ_CHUNK_BYTES, or a whole body where the server takes no ranges) may take this long:
+# a server that sends a byte now and then kept the read alive for ever, and the traces beside it unreported.
+HTTP_REQUEST_S = 60.0
 
 # The package each protocol needs, and the extra that installs it.
 EXTRA_OF = {
@@ -78,7 +81,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
     if protocol in ("http", "https"):
         import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
 
-        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=HTTP_TIMEOUT_S,
+        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=HTTP_REQUEST_S, sock_connect=HTTP_TIMEOUT_S,
                                                                      sock_read=HTTP_TIMEOUT_S)}
     try:
         return fsspec.core.url_to_fs(url, **options)
@@ -90,10 +93,17 @@ def _filesystem(url: str) -> tuple[Any, str]:
             from exc
 
 
+def _timed_out() -> TraceError:
+    return TraceError("unreadable", f"the server did not answer within {HTTP_TIMEOUT_S:g} s, or sent too slowly (one "
+                      f"request of up to {READ_CHUNK_BYTES >> 20} MiB took over {HTTP_REQUEST_S:g} s)")
+
+
 def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
     """A backend's exception as a one-line TraceError; the caller names the URL."""
     if isinstance(exc, TraceError):
         return exc
+    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:  # fsspec's FSTimeoutError too
+        return _timed_out()
     if isinstance(exc, FileNotFoundError):
         # fsspec's HTTP backend reports every failed request as not found: say what the request met.
         causes = []
@@ -102,10 +112,16 @@ def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
             causes.append(cause)
             cause = cause.__cause__ or cause.__context__
         if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in causes):
-            return TraceError("unreadable", f"the server did not answer within {HTTP_TIMEOUT_S:g} s")
+            return _timed_out()
         refused = next((c for c in causes if isinstance(c, ConnectionError)), None)
         if refused is not None:
             return TraceError("unreadable", f"cannot connect ({scrub(str(refused), url) or type(refused).__name__})")
+        # An answer other than "not found" (500, 403, a redirect loop) is said as it was.
+        if any("Redirect" in type(c).__name__ for c in causes):
+            return TraceError("unreadable", "too many redirects")
+        status = next((c.status for c in causes if isinstance(getattr(c, "status", None), int) and c.status), None)
+        if status is not None and status != 404:
+            return TraceError("unreadable", f"the server answered HTTP {status}")
         return TraceError("not-found", "no such object, bucket or prefix")
     if isinstance(exc, PermissionError):
         return TraceError("denied", f"access denied while {doing} (check the backend's credentials: "
@@ -132,7 +148,13 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
         fs, path = _filesystem(given)
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         if protocols & {"http", "https"}:
-            # A web server has no listing that fsspec can trust: the URL is one file, read as it is.
+            # A web server has no listing that fsspec can trust: the URL is one file, read as it is. A glob or a
+            # prefix cannot be expanded there: said, not fetched literally (an answer for any path was read as
+            # one trace under the glob's name).
+            if _GLOB.search(urlsplit(given).path) or urlsplit(given).path.endswith("/"):
+                yield TraceError("unsupported", "an http(s) URL names one file: a web server has no listing to "
+                                 "expand a glob or a prefix with (s3://, gs:// and az:// have)", path=name)
+                return
             yield given, False
             return
         if _GLOB.search(path):

@@ -65,6 +65,8 @@ def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool
 
 
 def _sniff_json(head: bytes) -> None:
+    if wide_codec(head[:4]) is not None:  # UTF-16 or UTF-32 JSON, which the decoder re-encodes
+        return
     body = head.removeprefix(b"\xef\xbb\xbf")
     first = NON_SPACE.search(body)
     if first is not None and body[first.start():first.start() + 1] not in b"{[":
