@@ -239,8 +239,14 @@ def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, anno
     part = lint_trace(trace, settings)
     if annotate is not None:
         from attntrace import annotate as annotator
+        from attntrace.errors import TraceError
 
-        annotator.write(path, annotate[path], trace, part.findings)
+        try:
+            annotator.write(path, annotate[path], trace, part.findings)
+        except TraceError as exc:
+            # The copy could not be written; the trace was read and linted, and its findings stay in the report
+            # (they were dropped with it, and the trace counted as unreadable). The run still exits 2.
+            part.info["annotate_error"] = exc.message
     timeline = None
     if timelines:
         from attntrace import timeline as tl

@@ -604,6 +604,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     for trace in report["traces"]:
         if trace["error"]:
             _error(f"{trace['path']}: {trace['error']['message']}")
+        elif trace.get("annotate_error"):
+            _error(f"{trace['path']}: --annotate: {trace['annotate_error']} (its findings are in the report)")
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
     read = _with_files_behind([*paths, *(t["path"] for t in report["traces"]), *side_files], paths)
     if write_baseline:

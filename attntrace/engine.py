@@ -184,8 +184,9 @@ def assemble(results: list[TraceReport | InputError]) -> dict[str, Any]:
 
 
 def exit_code(report: dict[str, Any], fail_on: str) -> int:
-    """2 for an unreadable input; 1 for a finding at or above fail_on (only new ones against a baseline)."""
-    if report["summary"]["errors"]:
+    """2 for an unreadable input or an annotated copy that could not be written; 1 for a finding at or above
+    fail_on (only new ones against a baseline)."""
+    if report["summary"]["errors"] or any(t.get("annotate_error") for t in report["traces"]):
         return 2
     if fail_on == "never":
         return 0

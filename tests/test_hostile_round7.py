@@ -118,3 +118,29 @@ def test_a_server_that_drips_does_not_hold_the_run(hostile_server: str, monkeypa
     assert line.startswith(f"error: {hostile_server}/drip.json: the server did not answer within 30 s, or sent too "
                            "slowly")
     assert orjson.loads(result.stdout)["traces"][-1]["error"] is None
+
+
+def test_an_annotated_copy_that_cannot_be_written_keeps_the_traces_findings():
+    # The copy's failure made the trace an error: "1 unreadable", its findings gone. A good input is still
+    # reported; the run fails (exit 2) for the output it could not write.
+    if not Path("/proc/self").exists():
+        pytest.skip("no /proc here to refuse a file")
+    result = lint(NAIVE, "--annotate", "/proc/attntrace-annotated.json")
+    assert result.exit_code == 2
+    report = orjson.loads(result.stdout)
+    (trace,) = report["traces"]
+    assert trace["error"] is None and "cannot write" in trace["annotate_error"]
+    assert {f["rule"] for f in report["findings"]} == {"AT102"}
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {NAIVE}: --annotate: cannot write") and "findings are in the report" in line
+
+
+def test_a_salvaged_trace_that_cannot_be_annotated_keeps_its_findings(tmp_path: Path):
+    whole = gzip.decompress(Path(NAIVE).read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(whole[: len(whole) * 9 // 10])
+    result = lint(str(cut), "--salvage", "--annotate", str(tmp_path / "annotated.json"))
+    assert result.exit_code == 2
+    report = orjson.loads(result.stdout)
+    assert report["traces"][0]["error"] is None and "cut-off" in report["traces"][0]["annotate_error"]
+    assert report["findings"]
