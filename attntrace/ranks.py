@@ -31,6 +31,8 @@ def identity(trace: Trace) -> dict[str, Any]:
         rank, source = (named, "name") if _is_count(named, 2**63) else (None, None)
     step_us = trace.step_table["step_us"].to_list() if trace.has_step_markers else []
     known_size = _is_count(world_size, MAX_WORLD_SIZE + 1) and world_size > 0
+    if known_size and source == "distributedInfo" and rank >= world_size:  # no rank of its own job
+        rank, source = None, None
     return {"rank": rank, "world_size": world_size if known_size else None, "rank_from": source,
             "step_us": [round(float(us), 3) for us in step_us]}
 
@@ -70,8 +72,7 @@ def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, An
     reports = [r for r in results if isinstance(r, TraceReport)]
     if mode == "none" or not reports or (mode == "auto" and not is_one_job(reports)):
         return report
-    by_order = not is_one_job(reports)
-    rank_of = {r.path: (i if by_order else r.job["rank"]) for i, r in enumerate(reports)}
+    rank_of, guessed = _ranks(reports)
     all_ranks = sorted(rank_of.values())
 
     members: dict[str, list[dict[str, Any]]] = {}
@@ -111,12 +112,17 @@ def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, An
     slowest = sorted(timed, key=lambda row: (-row["step_us"]["median"], row["rank"]))[:SLOWEST_SHOWN]
     world_sizes = {r.job.get("world_size") for r in reports} - {None}
     world_size = world_sizes.pop() if len(world_sizes) == 1 else None
+    sources = sorted({r.job["rank_from"] for r in reports if r.path not in guessed} - {None})
     job = {
         "ranks": len(all_ranks),
-        "rank_from": "input order" if by_order else sorted({r.job["rank_from"] for r in reports})[0],
+        "rank_from": ", ".join(sources + (["input order"] if guessed else [])),
         "world_size": world_size,
-        "ranks_without_trace": (sorted(set(range(world_size)) - set(all_ranks)) if world_size and not by_order
+        "ranks_without_trace": (sorted(set(range(world_size)) - set(all_ranks)) if world_size and not guessed
                                 else []),
+        # Ranks numbered here: their trace had no rank of its own, or one that another trace had first.
+        "ranks_from_input_order": sorted(rank_of[path] for path in guessed),
+        # Ranks whose trace has no steps to time: the spread above does not see them.
+        "ranks_without_steps": [row["rank"] for row in per_rank if not row["step_us"]],
         "unreadable": [t["path"] for t in report["traces"] if t["error"]],
         "step_us": _spread([row["step_us"]["median"] for row in timed]) if timed else None,
         "slowest_ranks": [{"rank": row["rank"], "trace": row["trace"], "step_us": row["step_us"]["median"]}
@@ -128,12 +134,38 @@ def group(report: dict[str, Any], results: list[Any], mode: str) -> dict[str, An
             "summary": {**report["summary"], "findings": counts}}
 
 
+def _ranks(reports: list[TraceReport]) -> tuple[dict[str, int], set[str]]:
+    """Each trace's rank: its own (distributedInfo or file name) where no earlier trace took it, else the lowest
+    number no trace has, in input order; and the traces numbered so. (All of them were numbered by input order
+    when one rank was unknown: the file named rank 3, the straggler, was reported as rank 0.)"""
+    taken: set[int] = set()
+    rank_of: dict[str, int] = {}
+    for r in reports:
+        rank = r.job.get("rank")
+        if rank is not None and rank not in taken:
+            rank_of[r.path] = rank
+            taken.add(rank)
+    guessed = [r.path for r in reports if r.path not in rank_of]
+    free = (n for n in range(len(reports) + len(taken) + 1) if n not in taken)
+    rank_of.update(zip(guessed, free, strict=False))
+    return rank_of, set(guessed)
+
+
 def render_job(job: dict[str, Any]) -> list[str]:
     """The job summary as text lines, for the terminal report."""
-    lines = [f"job: {job['ranks']} ranks" + (f" of world size {job['world_size']}" if job["world_size"] else "")
-             + f" (rank from {job['rank_from']})"]
+    size = job["world_size"]
+    of_size = ("" if not size else f" of world size {size}" if job["ranks"] <= size
+               else f", more than its world size of {size}")
+    lines = [f"job: {job['ranks']} ranks{of_size} (rank from {job['rank_from']})"]
     if job["ranks_without_trace"]:
         lines.append(f"  ranks without a trace: {spans(job['ranks_without_trace'])}")
+    if job.get("ranks_from_input_order"):
+        lines.append(f"  ranks numbered by input order (no rank of their own, or one taken): "
+                     f"{spans(job['ranks_from_input_order'])}")
+    if job["unreadable"]:
+        lines.append(f"  unreadable: {len(job['unreadable'])} trace(s)")
+    if job.get("ranks_without_steps"):
+        lines.append(f"  ranks without step markers, not in the step times: {spans(job['ranks_without_steps'])}")
     if job["step_us"]:
         spread = job["step_us"]
         lines.append(f"  step time per rank (median of its steps): min {spread['min'] / 1000:.3f} ms, "

@@ -144,3 +144,40 @@ def test_a_salvaged_trace_that_cannot_be_annotated_keeps_its_findings(tmp_path: 
     report = orjson.loads(result.stdout)
     assert report["traces"][0]["error"] is None and "cut-off" in report["traces"][0]["annotate_error"]
     assert report["findings"]
+
+
+def _job(tmp_path: Path, files: dict[str, str]) -> Path:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for name, source in files.items():
+        (folder / name).write_bytes(Path(sample(source)).read_bytes())
+    return folder
+
+
+def test_a_rank_the_name_does_not_give_leaves_the_others_their_own(tmp_path: Path):
+    # One trace without a rank in its name made --group ranks number every trace by input order: the file named
+    # rank 3, the straggler, was reported as rank 0.
+    folder = _job(tmp_path, {"rank-3.json.gz": "bf16_causal_fwd/sdpa_math", "rank0.json.gz": "bf16_causal_fwd/naive",
+                             "rank_1.json.gz": "bf16_causal_fwd/naive", "worker.json.gz": "bf16_causal_fwd/naive"})
+    job = orjson.loads(lint(str(folder), "--group", "ranks").stdout)["job"]
+    assert job["slowest_ranks"][0]["rank"] == 3 and job["slowest_ranks"][0]["trace"].endswith("rank-3.json.gz")
+    assert job["ranks_from_input_order"] == [2] and job["rank_from"] == "name, input order"
+
+
+def test_a_rank_without_steps_is_said_in_the_job_and_every_format_has_the_job(tmp_path: Path):
+    # A rank with no step markers left the step-time spread without a word (the job looked balanced), and the
+    # job summary was in the text report only.
+    folder = _job(tmp_path, {f"rank{n}.pt.trace.json.gz": "bf16_causal_fwd/naive" for n in range(3)})
+    document = orjson.loads(gzip.decompress(Path(sample("bf16_causal_fwd/sdpa_math")).read_bytes()))
+    document["traceEvents"] = [e for e in document["traceEvents"]
+                               if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    (folder / "rank3.pt.trace.json").write_bytes(orjson.dumps(document))
+    job = orjson.loads(lint(str(folder)).stdout)["job"]
+    assert job["ranks_without_steps"] == [3]
+    text = CliRunner().invoke(main, ["lint", str(folder), "--fail-on", "never"]).stdout
+    assert "ranks without step markers, not in the step times: 3" in text
+    markdown = CliRunner().invoke(main, ["lint", str(folder), "--format", "markdown", "--fail-on", "never"]).stdout
+    assert "ranks without step markers, not in the step times: 3" in markdown and "job: 4 ranks" in markdown
+    pytest.importorskip("plotly")
+    page = CliRunner().invoke(main, ["lint", str(folder), "--format", "html", "--fail-on", "never"]).stdout
+    assert "job: 4 ranks" in page and "ranks without step markers" in page

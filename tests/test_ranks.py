@@ -90,7 +90,9 @@ def test_traces_that_are_not_one_job_are_not_grouped(tmp_path: Path) -> None:
     _, none, _ = _lint(str(tmp_path), "--fail-on", "never", "--group", "none")
     assert auto == none and "job" not in auto
     _, forced, _ = _lint(str(tmp_path), "--fail-on", "never", "--group", "ranks")
-    assert forced["job"]["rank_from"] == "input order" and forced["job"]["ranks"] == 3
+    # A rank the name gives is kept where no earlier trace took it; the others are numbered by input order.
+    assert forced["job"]["rank_from"] == "name, input order" and forced["job"]["ranks"] == 3
+    assert forced["job"]["ranks_from_input_order"] == [1, 2]
 
 
 def test_a_baseline_of_the_grouped_findings_marks_a_new_rank_problem_new(job: Path, tmp_path_factory: Any) -> None:

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from attntrace.formats.text import impact_text
+from attntrace.ranks import render_job
 
 MISSING_EXTRA = "the HTML report needs plotly: pip install 'attntrace[html]'"
 COLOURS = {"attention": "#2e7d32", "GEMM tensor-core": "#1565c0", "GEMM FP32": "#c62828", "GEMM other": "#6a1b9a",
@@ -185,6 +186,8 @@ def lint_page(report: dict[str, Any], timelines: dict[str, dict[str, Any]], titl
             f"<p>{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; causes: "
             f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info "
             f"<span class=\"muted\">(attntrace {_esc(report['tool']['version'])})</span></p>"]
+    if report.get("job"):  # one job's ranks: its step times per rank and stragglers, as the text report gives
+        head.append(f"<section class=\"job\"><pre>{_esc(chr(10).join(render_job(report['job'])))}</pre></section>")
     return _page(title, head + trace_sections(report, timelines))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from attntrace.checks.base import fmt_ms
+from attntrace.ranks import render_job
 
 ICON = {"error": "🔴", "warning": "🟡", "info": "🔵"}
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body, in characters
@@ -41,6 +42,8 @@ def render(report: dict[str, Any]) -> str:
                      " ".join(f"{ICON[sev]}{sum(f['severity'] == sev for f in found)}" for sev in ICON)])
     out.append(tabulate(rows, headers=["trace", "device", "steps", "GPU ms/step", "kernels", "memcpy",
                                        "tensor-core GEMM", "findings"], tablefmt="github"))
+    if report.get("job"):  # one job's ranks: its step times per rank and stragglers, as the text report gives
+        out += ["", "```", *render_job(report["job"]), "```"]
     tail: list[str] = []
     baseline = report.get("baseline")
     if baseline and baseline["fixed"]:
