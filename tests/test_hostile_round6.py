@@ -337,3 +337,21 @@ def test_a_gpu_event_at_an_absurd_time_is_set_aside(tmp_path: Path):
     good = orjson.loads(run("summary", NAIVE, "--format", "json").stdout)["traces"][0]
     assert trace["profiler"]["est_step_us"] == pytest.approx(good["profiler"]["est_step_us"], rel=0.05)
     assert "1 GPU event(s) more than 1e+11 us from the others ignored" in trace["notes"]
+
+
+def test_an_aten_op_spanning_the_whole_thread_is_said(tmp_path: Path):
+    # One cpu_op (aten::empty) with a broken duration around everything: every op became its implementation and
+    # AT102 found nothing, without a word. The finding stays a matter of judgement; the note says why.
+    document = json.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    ops = [e for e in document["traceEvents"] if e.get("cat") == "cpu_op"]
+    pid, tid = ops[0]["pid"], ops[0]["tid"]
+    mine = [e for e in document["traceEvents"] if e.get("pid") == pid and e.get("tid") == tid and "dur" in e]
+    first, last = min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)
+    document["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": pid, "tid": tid,
+                                    "ts": first - 1, "dur": last - first + 2, "args": {"External id": 999999}})
+    path = tmp_path / "wrapped.json"
+    path.write_text(json.dumps(document))
+    (trace,) = orjson.loads(run("summary", str(path), "--format", "json").stdout)["traces"]
+    assert any(n.startswith("aten::empty spans the whole of its thread's recorded time") for n in trace["notes"])
+    (good,) = orjson.loads(run("summary", NAIVE, "--format", "json").stdout)["traces"]
+    assert not any("spans the whole" in n for n in good["notes"])

@@ -56,6 +56,31 @@ def _drop_stray_gpu_events(tables: Any) -> int:
     return count
 
 
+# An aten op that lasts most of its thread's recorded span and holds this many aten ops is a broken duration more
+# likely than an op (rules read the ops inside an aten op as its implementation, not the program's own).
+ENGULFING_OPS = 50
+
+
+def _engulfing_ops(ops: pl.DataFrame) -> list[str]:
+    """Notes for aten ops that span 90% or more of their thread's events and hold ENGULFING_OPS other aten ops:
+    one such op (a hand-edited `dur`) made AT102 find nothing, without a word."""
+    aten = ops.filter(pl.col("name").str.starts_with("aten::"))
+    if aten.height <= ENGULFING_OPS:
+        return []
+    span = aten.group_by("pid", "tid").agg(pl.col("ts").min().alias("first"), pl.col("end").max().alias("last"))
+    wide = (aten.join(span, on=["pid", "tid"], how="inner", nulls_equal=True)
+            .filter(pl.col("dur") >= 0.9 * (pl.col("last") - pl.col("first")))
+            .select("idx", "name", "pid", "tid", "ts", "end").sort("idx"))
+    notes = []
+    for idx, name, pid, tid, ts, end in wide.iter_rows():
+        inside = aten.filter((pl.col("pid") == pid) & (pl.col("tid") == tid) & (pl.col("ts") >= ts)
+                             & (pl.col("end") <= end) & (pl.col("idx") != idx)).height
+        if inside >= ENGULFING_OPS:
+            notes.append(f"{name} spans the whole of its thread's recorded time with {inside} aten ops inside it "
+                         "(a broken duration?): ops inside an aten op are read as its implementation")
+    return notes
+
+
 FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
 VERSIONS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
 
@@ -115,7 +140,8 @@ def build(raw: RawTrace) -> Trace:
         notes=list(raw.notes) + ([f"{clamped} event(s) with an absurd duration (over {MAX_DUR_US:.0e} us or not "
                                   "finite) read as 0"] if clamped else [])
               + ([f"{stray} GPU event(s) more than {MAX_DUR_US:.0e} us from the others ignored"] if stray else [])
-              + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else []),
+              + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
+              + _engulfing_ops(tables.ops),
         incomplete=raw.incomplete,
     )
     return Trace(path=raw.path, size=raw.size, meta=meta, ops=tables.ops, launches=tables.launches, gpu=gpu,
