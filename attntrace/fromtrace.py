@@ -260,7 +260,7 @@ class MeasuredError(Exception):
     """A --measured file that is not a `run --from-trace` result; the message is one line."""
 
 
-MAX_SAVING_US = 86_400e6
+MAX_SAVING_US = 86_400e6  # a day per step: a measured saving past it is no measurement
 
 
 def read_measured(path: str) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def read_measured(path: str) -> dict[str, Any]:
         raise MeasuredError(f"{path}: not the run.json of `attntrace run --from-trace`")
     for fingerprint, entry in doc["findings"].items():
         saved = entry.get("saved_us_per_step") if isinstance(entry, dict) else None
-        # `run --from-trace` writes savings of 0 or more; one past MAX_SAVING_US (a day per step) is no measurement.
+        # `run --from-trace` writes savings of 0 or more.
         if not (isinstance(saved, int | float) and not isinstance(saved, bool) and 0 <= saved <= MAX_SAVING_US
                 and isinstance(entry.get("best"), str | None)):
             raise MeasuredError(f"{path}: finding {fingerprint[:40]!r} is not a measured saving "

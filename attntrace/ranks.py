@@ -25,14 +25,13 @@ def identity(trace: Trace) -> dict[str, Any]:
     in the file name (rank3.pt.trace.json), and its step times for the per-rank spread."""
     info = trace.meta.distributed or {}
     rank, world_size, source = info.get("rank"), info.get("world_size"), "distributedInfo"
-    if not _is_count(rank, 2**63):
+    known_size = _is_count(world_size, MAX_WORLD_SIZE + 1) and world_size > 0
+    # A distributedInfo rank past its own world size is no rank of that job: the file name may still give one.
+    if not _is_count(rank, world_size if known_size else 2**63):
         match = RANK_IN_NAME.search(PurePath(trace.path).name)
         named = int(match.group(1)) if match else None
         rank, source = (named, "name") if _is_count(named, 2**63) else (None, None)
     step_us = trace.step_table["step_us"].to_list() if trace.has_step_markers else []
-    known_size = _is_count(world_size, MAX_WORLD_SIZE + 1) and world_size > 0
-    if known_size and source == "distributedInfo" and rank >= world_size:  # no rank of its own job
-        rank, source = None, None
     return {"rank": rank, "world_size": world_size if known_size else None, "rank_from": source,
             "step_us": [round(float(us), 3) for us in step_us]}
 

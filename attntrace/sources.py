@@ -102,17 +102,16 @@ def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
     """A backend's exception as a one-line TraceError; the caller names the URL."""
     if isinstance(exc, TraceError):
         return exc
-    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:  # fsspec's FSTimeoutError too
+    # The exception and what it was raised from: fsspec's HTTP backend reports every failed request as not found,
+    # and a timeout comes as its own FSTimeoutError or inside that.
+    causes: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and len(causes) < 8:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in causes):
         return _timed_out()
     if isinstance(exc, FileNotFoundError):
-        # fsspec's HTTP backend reports every failed request as not found: say what the request met.
-        causes = []
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and len(causes) < 8:
-            causes.append(cause)
-            cause = cause.__cause__ or cause.__context__
-        if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in causes):
-            return _timed_out()
         refused = next((c for c in causes if isinstance(c, ConnectionError)), None)
         if refused is not None:
             return TraceError("unreadable", f"cannot connect ({scrub(str(refused), url) or type(refused).__name__})")

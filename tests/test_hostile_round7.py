@@ -181,3 +181,15 @@ def test_a_rank_without_steps_is_said_in_the_job_and_every_format_has_the_job(tm
     pytest.importorskip("plotly")
     page = CliRunner().invoke(main, ["lint", str(folder), "--format", "html", "--fail-on", "never"]).stdout
     assert "job: 4 ranks" in page and "ranks without step markers" in page
+
+
+def test_a_distributed_rank_past_its_world_size_leaves_the_name_to_say_it(tmp_path: Path):
+    # distributedInfo rank 5 of world size 2 is no rank of that job; the file's name, rank1, still gives one.
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json.gz").write_bytes(Path(NAIVE).read_bytes())
+    document = orjson.loads(gzip.decompress(Path(NAIVE).read_bytes()))
+    document["distributedInfo"] = {"backend": "nccl", "rank": 5, "world_size": 2}
+    (folder / "rank1.pt.trace.json").write_bytes(orjson.dumps(document))
+    job = orjson.loads(lint(str(folder), "--group", "ranks").stdout)["job"]
+    assert [row["rank"] for row in job["per_rank"]] == [0, 1] and job["ranks_from_input_order"] == []

@@ -374,12 +374,12 @@ def _inductor_wrapper_costs(python: pl.DataFrame, event_us: float, statement_us:
     """The profiler's cost before each Python event directly inside an Inductor wrapper call (start, cost):
     event_us plus statement_us times the number of such events in that call (python: the window's
     python_function events)."""
-    empty = pl.DataFrame(schema={"start": pl.Float64, "cost": pl.Float64})
-    if not (event_us or statement_us) or not python.height or not python["name"].str.contains(INDUCTOR_WRAPPER).any():
-        return empty
-    events = python.select("pid", "tid", "ts", "end", "name").with_row_index("idx")
+    is_wrapper = python["name"].str.contains(INDUCTOR_WRAPPER)
+    if not (event_us or statement_us) or not is_wrapper.any():
+        return pl.DataFrame(schema={"start": pl.Float64, "cost": pl.Float64})
+    events = python.select("pid", "tid", "ts", "end").with_row_index("idx")
     parent = pl.Series("parent", optree.op_parents(events), dtype=pl.UInt32)
-    wrappers = events.filter(pl.col("name").str.contains(INDUCTOR_WRAPPER))["idx"]
+    wrappers = events["idx"].filter(is_wrapper)
     children = (events.with_columns(parent).filter(pl.col("parent").is_in(wrappers.implode()))
                 .with_columns(pl.len().over("parent").alias("statements")))
     return children.select(pl.col("ts").cast(pl.Float64).alias("start"),
