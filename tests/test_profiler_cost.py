@@ -275,6 +275,20 @@ def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, mon
     assert costs["measured_on"]["device"] == "cpu" and costs["measured_on"]["loops"]["cpu_op_us"] > 0
 
 
+def test_calibrate_profiler_on_a_machine_without_cuda_refuses_cuda(tmp_path, monkeypatch):
+    # It measured the CPU instead and exited 0: costs without runtime calls, written as the GPU machine's.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    project = tmp_path / "pyproject.toml"
+    project.write_text('[project]\nname = "x"\n')
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--calibrate-profiler", "--device", "cuda")
+    assert result.exit_code == 2
+    assert "sees no CUDA device" in result.output and len(result.output.strip().splitlines()) == 1
+    assert project.read_text() == '[project]\nname = "x"\n'
+
+
 def test_the_costs_follow_the_hosts_launch_time():
     # The same program captured twice (bf16_causal_fwd vs _v2): v2's launch calls took ~2x as long, and so did
     # the profiler's cost; scaling by the trace's own launch time brings v2's replay near the timed 0.099 ms.

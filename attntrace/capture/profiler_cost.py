@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from attntrace.capture.runner import usable_device
 from attntrace.model.replay import COST_NAMES, ProfilerCosts
 
 LOOP = 2000  # iterations per timed loop: long enough that the profiler's start and stop are a few percent
@@ -76,8 +77,10 @@ def _per(extra_us: float, count: int) -> float:
 
 
 def measure(device_name: str = "cuda") -> dict[str, Any]:
-    """The per-event costs (microseconds of CPU) of each profiler setting on this machine."""
-    device = torch.device(device_name if device_name != "cuda" or torch.cuda.is_available() else "cpu")
+    """The per-event costs (microseconds of CPU) of each profiler setting on this machine. RuntimeError for a
+    device torch cannot use here: costs measured on the CPU alone lack the runtime calls a CUDA trace is charged
+    for, and written as a GPU machine's they would mislead lint."""
+    device = usable_device(device_name)
     cpu = torch.device("cpu")
     small = torch.ones(16, device="cpu")
 
