@@ -382,6 +382,37 @@ def gpt2_train_accum() -> Step:
     return step
 
 
+def efficientnet_train() -> Step:
+    """A convnet of many small ops (depthwise convolutions, squeeze-excitation, SiLU, batch norm) trained eagerly."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("efficientnet_b0", pretrained=False).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(32, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (32,), device="cuda")
+
+    return training_step(lambda: F.cross_entropy(model(x), y), opt)
+
+
+def qwen2_train_checkpointed() -> Step:
+    """A Qwen2-style decoder trained in bf16 with gradient checkpointing (the forward runs again in the backward,
+    under torch.utils.checkpoint's Python frames)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=896, intermediate_size=2432, num_hidden_layers=6, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16)
+    model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    ids = torch.randint(0, 32000, (2, 1024), device="cuda")
+
+    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, autocast=False)
+
+
 # Never used to choose the costs: bench/fit_profiler_cost.py and bench/judge_idle.py run them as a held-out set
 # (sample_traces/heldout/).
 HELD_OUT: dict[str, Callable[[], Step]] = {
@@ -423,6 +454,13 @@ HELD_OUT_3: dict[str, Callable[[], Step]] = {
     "gpt2_train_accum": gpt2_train_accum,
     "convnext_train_compiled": lambda: convnext_train(compiled=True),
     "bert_infer_compiled": bert_infer_compiled,
+}
+
+# Captured after every cost was chosen and after HELD_OUT_3 was judged: two kinds no set had (an eager convnet of
+# squeeze-excitation blocks, a decoder trained with gradient checkpointing).
+HELD_OUT_4: dict[str, Callable[[], Step]] = {
+    "efficientnet_train": efficientnet_train,
+    "qwen2_train_checkpointed": qwen2_train_checkpointed,
 }
 
 WORKLOADS: dict[str, Callable[[], Step]] = {

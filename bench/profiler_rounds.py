@@ -42,6 +42,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
         GPU_BOUND,
         HELD_OUT,
         HELD_OUT_3,
+        HELD_OUT_4,
         SETTINGS,
         WORKLOADS,
         capture,
@@ -50,7 +51,8 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
     )
 
     out.mkdir(parents=True, exist_ok=True)
-    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2, **HELD_OUT_3}
+    factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2, **HELD_OUT_3,
+                 **HELD_OUT_4}
     names = names or list(factories)
     results: dict[str, Any] = {"_host": host_info(), "_rounds": rounds}
     steps = {}
