@@ -92,9 +92,13 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies, low-occupancy kernels and
     per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101); and the
     idle time after host syncs (AT302) and of launch-bound steps (AT501) is part of the idle time AT402 reports
-    for the same device, whose fix names both. (AT401 leaves out the kernels AT201 and AT202 own itself.)"""
+    for the same device, whose fix names both (unless that AT402 found only the profiler's cost). (AT401 leaves
+    out the kernels AT201 and AT202 own itself.)"""
     rules = {f["rule"] for f in findings}
-    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"}
+    # An AT402 that finds only the profiler's own cost (info, saving nothing) is not a cause a sync or a launch
+    # loop can be part of: nested under it, a real sync's warning would leave the verdict and the exit code.
+    idle_devices = {f["where"].get("device") for f in findings
+                    if f["rule"] == "AT402" and not f["evidence"].get("profiler_only")}
     for f in findings:
         chain = f["where"].get("op_chain") or ""
         if "AT202" in rules and f["rule"] != "AT202" and (

@@ -76,3 +76,14 @@ def test_at401_knows_a_kernel_that_already_runs_near_the_memory_bandwidth():
     busy = [n for n, s in shares.items() if s >= rule.parameters["max_peak_share"].default]
     assert busy and any(s < 0.1 for s in shares.values())
     assert all(s <= 1.2 for s in shares.values())  # no estimate faster than the memory
+
+
+def test_an_at402_of_the_profilers_cost_alone_does_not_hold_the_syncs():
+    # AT402 finds the recorded idle to be the profiler's own cost (info, saving nothing): the host syncs are
+    # causes of their own, not consequences inside it, or a sync's warning would leave the verdict and the exit
+    # code (`--fail-on warning` passed on a real .item() warning).
+    report = lint_trace(load(sample("from_trace/llama_generate_eager")))
+    (idle,) = [f for f in report.findings if f["rule"] == "AT402"]
+    assert idle["evidence"]["profiler_only"] and idle["severity"] == "info"
+    syncs = [f for f in report.findings if f["rule"] == "AT302"]
+    assert syncs and not any("cause" in f or "subsumed_by" in f for f in syncs)

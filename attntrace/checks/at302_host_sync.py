@@ -14,16 +14,21 @@ BLOCKING = sorted(BLOCKING_CALLS)
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
-    """Idle time of the device that synced after the sync returned: from the end of the device's busy run at or
-    before that moment (streams merged) to the start of its next one, within the sync's step window; None when
-    the device does not run again in that step. Syncs in a row with no GPU work between them share one gap: it
-    counts for the first of them, the others add 0, so a step's syncs never idle it longer than it lasts."""
+    """Idle time of the device that synced that the sync caused, as recorded: from the end of the device's busy
+    run at or before its return (streams merged) to the start of its next one, by the end of the next step's
+    window at the latest (a sync at a step's end idles the GPU while the next step's first launches are
+    queued), and no more than the syncs before that run held the CPU (a sync that found the GPU done causes
+    none of the CPU work after it); None when the device does not run again by then. Syncs in a row with no
+    GPU work between them share one gap and their waits: it counts for the first of them, the others add 0,
+    so syncs never idle the GPU longer than the time between its runs."""
     gpu = ctx.trace.gpu_linked.select("ts", "end", pl.col("device").cast(pl.Int64))
     if not gpu.height:
         return [None] * syncs.height
-    windows = ctx.trace.steps.select("step", pl.col("end").alias("w_end")).group_by("step").agg(pl.col("w_end").max())
-    keyed = (syncs.select(pl.col("end").alias("t"), pl.col("device").cast(pl.Int64), "step").with_row_index("row")
-             .join(windows, on="step", how="left"))
+    # Each step's window end, and the next step's (the latest a sync's idle may run to).
+    windows = (ctx.trace.steps.group_by("step").agg(pl.col("end").max().alias("w_end")).sort("step")
+               .with_columns(pl.col("w_end").shift(-1).fill_null(pl.col("w_end")).alias("w_next")))
+    keyed = (syncs.select(pl.col("end").alias("t"), pl.col("device").cast(pl.Int64), "step", "blocked_us")
+             .with_row_index("row").join(windows, on="step", how="left"))
     by = "device" if keyed["device"].null_count() == 0 else None
     runs = merged_runs(gpu if by else gpu.with_columns(pl.lit(None, dtype=pl.Int64).alias("device")), ["device"])
     runs = runs.with_columns(pl.col("ts").shift(-1).over("device").alias("next"))
@@ -34,21 +39,26 @@ def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
     # script) is not this workload's idle time.
     bounded = not ctx.trace.has_step_markers
     idle: list[float | None] = [None] * syncs.height
-    counted: set[tuple[Any, ...]] = set()
-    for row, device, begin, end, w_end in joined.sort("t", "row").select(
-            "row", "device", "prev", "next", "w_end").iter_rows():
+    first_of_gap: dict[tuple[Any, ...], int] = {}
+    waited: dict[tuple[Any, ...], float] = {}
+    for row, device, begin, end, w_end, w_next, blocked in joined.sort("t", "row").select(
+            "row", "device", "prev", "next", "w_end", "w_next", "blocked_us").iter_rows():
         if begin is None:  # nothing ran before it: the sync waited for nothing
             idle[row] = 0.0
             continue
         if end is None or (bounded and w_end is not None and end > w_end):
             continue
-        if w_end is not None:
-            end = min(end, max(w_end, begin))
-        if (device, begin) in counted:
+        if w_next is not None:
+            end = min(end, max(w_next, begin))
+        gap = (device, begin)
+        waited[gap] = waited.get(gap, 0.0) + float(blocked or 0.0)
+        if gap in first_of_gap:
             idle[row] = 0.0
         else:
-            counted.add((device, begin))
+            first_of_gap[gap] = row
             idle[row] = max(0.0, end - begin)
+    for gap, row in first_of_gap.items():
+        idle[row] = min(idle[row] or 0.0, waited[gap])
     return idle
 
 
@@ -84,12 +94,21 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                                                  & pl.col("name").is_in(list(BLOCKING)))
     if not syncs.height:
         return []
+    # How long each sync held the CPU: the runtime calls of the op it ran in (a `.item()` waits in its blocking
+    # copy, then syncs at once), or the call alone outside any op.
+    calls = ctx.trace.launches_on_devices
+    held = (calls.filter(pl.col("op").is_not_null()).group_by("op").agg(pl.col("dur").sum().alias("op_calls_us")))
+    syncs = (syncs.join(held, on="op", how="left")
+             .with_columns(pl.coalesce("op_calls_us", "dur").alias("blocked_us")).drop("op_calls_us"))
     recorded_idle = _idle_after(ctx, syncs)
     replayed = ctx.trace.replay
     # The GPU's wait after each sync as the program runs without the profiler (the replay), where it can say.
     by_replay = replayed.idle_after_sync if not replayed.reason else {}
     idle = [by_replay.get(idx, rec) if rec is not None else None
             for idx, rec in zip(syncs["idx"].to_list(), recorded_idle, strict=True)]
+    # Summed per op chain: the replay gives a gap to the last sync of a run, the recording to the first, and
+    # without the profiler's cost the CPU reaches the next launch no later than it did, so a chain's idle without
+    # the profiler is at most its idle as recorded.
     syncs = syncs.with_columns(pl.Series("idle_us", idle, dtype=pl.Float64),
                                pl.Series("recorded_idle_us", recorded_idle, dtype=pl.Float64))
     steady = replayed.per_device()
@@ -101,8 +120,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     findings = []
     for chain, rows in sorted(groups.items()):
         per_step = len(rows) / ctx.step_count
-        idle_per_step = sum(r["idle_us"] or 0.0 for r in rows) / ctx.step_count
         recorded_per_step = sum(r["recorded_idle_us"] or 0.0 for r in rows) / ctx.step_count
+        idle_per_step = min(sum(r["idle_us"] or 0.0 for r in rows) / ctx.step_count, recorded_per_step)
         if idle_per_step < ctx.params["min_idle_us"]:
             continue
         step_us = est_step.get(rows[0]["device"]) or ctx.step_us
