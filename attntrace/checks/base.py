@@ -65,7 +65,16 @@ class Context:
 
     @cached_property
     def step_us(self) -> float:
-        return float(self.steps["step_us"].mean()) if self.steps.height else 0.0
+        """The program's step, the denominator of every share of the step: the median steady step replayed
+        without the profiler's own cost (the slowest device's), else the median step as recorded. Not a mean of
+        the recorded steps: that held the profiler's cost and the slow first steps, so one rule's share differed
+        from AT402's on the same trace, and a verdict flipped between two captures of one program."""
+        replayed = self.trace.replay
+        if not replayed.reason:
+            per_device = replayed.per_device()
+            if per_device.height:
+                return float(per_device["est_step_us"].max())
+        return float(self.steps["step_us"].median()) if self.steps.height else 0.0
 
     @cached_property
     def step_gpu_us(self) -> float:
@@ -140,10 +149,11 @@ class Context:
         and `--group ranks` the identity within traces they pair.
 
         Its impact says what the fix saves per step (`saving`: GPU time, idle removed or CPU time) over which
-        step (`step_us`, default the recorded step; rules about CPU-side time pass the step replayed without the
-        profiler), and the assumption it rests on, if any; an estimate that rests on one is rounded to two
-        significant figures. Without an explicit severity, it is the rule's when the saving reaches the rule's
-        min_saving_share of the step, else info: a warning promises a saving worth acting on."""
+        step (`step_us`, default the program's step without the profiler, Context.step_us; rules about one
+        device's CPU-side time pass that device's), and the assumption it rests on, if any; an estimate that
+        rests on one is rounded to two significant figures. Without an explicit severity, it is the rule's when
+        the saving reaches the rule's min_saving_share of the step, else info: a warning promises a saving worth
+        acting on."""
         identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
         label = self.trace.label or trace_label(self.trace.path, (), self.trace.meta.rank)
         digest = hashlib.sha256(f"{identity}|{label}".encode()).hexdigest()[:16]

@@ -29,6 +29,7 @@ import polars as pl
 
 from attntrace.model import optree
 from attntrace.model.intervals import busy_us
+from attntrace.model.tables import GRAPH_LAUNCH_APIS
 
 # Calls that block the host until the device is done: synchronize calls and synchronous copies.
 BLOCKING_CALLS = frozenset((
@@ -193,9 +194,12 @@ class _CpuClock:
 def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
     per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for)."""
-    # CUDA launch calls only: the reference was measured on one (a HIP launch costs what ROCm's runtime does).
-    launch_us = (trace.launches.filter(pl.col("is_launch") & pl.col("name").str.starts_with("cu"))["dur"].median()
-                 if trace.launches.height else None)
+    # CUDA kernel launch calls only: the reference was measured on them (a HIP launch costs what ROCm's runtime
+    # does; a graph launch records every kernel of its graph and takes far longer, which is no slower host: a
+    # graph-replaying trace read as one scaled its costs 3x and charged more profiler time than its step lasted).
+    kernel_launches = trace.launches.filter(pl.col("is_launch") & pl.col("name").str.starts_with("cu")
+                                            & ~pl.col("name").is_in(GRAPH_LAUNCH_APIS))
+    launch_us = kernel_launches["dur"].median() if kernel_launches.height else None
     costs, factor = costs.scaled_for(float(launch_us) if launch_us is not None else None)
     result = _replay(trace, costs)
     result.host_factor = round(factor, 3)
@@ -245,12 +249,14 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     launch_rows = dict(zip(launches["idx"].to_list(),
                            zip(launches["ts"].to_list(), launches["end"].to_list(), launches["name"].to_list(),
                                strict=True), strict=True))
-    # A graph launch records every kernel of the graph: the call takes the profiler's cost for each of them.
+    # A graph launch records every kernel of the graph: the call takes the profiler's cost for each of them, and
+    # no more than the call lasted (that cost is spent inside it).
     per_launch = gpu.filter(pl.col("launch").is_not_null()).group_by("launch").len()
-    graphs = (per_launch.filter(pl.col("len") > 1).join(launches.select(pl.col("idx").alias("launch"), "ts"),
-                                                          on="launch", how="inner")
-              .sort("launch").select(pl.col("ts").alias("start"),
-                                     (costs.graph_kernel_us * (pl.col("len") - 1)).cast(pl.Float64).alias("cost")))
+    graphs = (per_launch.filter(pl.col("len") > 1)
+              .join(launches.select(pl.col("idx").alias("launch"), "ts", "end"), on="launch", how="inner")
+              .sort("launch").select(pl.col("ts").alias("start"), pl.min_horizontal(
+                  costs.graph_kernel_us * (pl.col("len") - 1), pl.col("end") - pl.col("ts")).cast(pl.Float64)
+                  .alias("cost")))
 
     def costed(starts: pl.Series, cost: float) -> pl.DataFrame:
         return pl.DataFrame({"start": starts.cast(pl.Float64), "cost": pl.repeat(cost, starts.len(), eager=True,
@@ -429,12 +435,21 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
               new_end: dict[int, float]) -> pl.DataFrame:
     """Each step's replayed length: from its start to the next step's start, on the CPU or the GPU, whichever
     comes later (the CPU can run ahead of the GPU; a step ends when both have done its work)."""
-    linked = trace.gpu_linked.filter(pl.col("device") == device).select("idx", "step")
+    recorded_work = trace.gpu_linked.filter(pl.col("device") == device)
+    linked = recorded_work.select("idx", "step")
+    # The GPU time each step's work took as recorded (streams merged): the replay keeps kernel durations but can
+    # overlap two streams' kernels that ran one after the other (each filled the GPU), and a step is never
+    # shorter than its GPU work took.
+    recorded_busy = {s: b for s, b in busy_us(recorded_work.filter(pl.col("idx").is_in(list(new_start)))
+                                              .select("ts", "end", "step", "device"), ["step"])
+                     .select("step", "busy_us").iter_rows() if s is not None}
     placed = pl.DataFrame({"idx": list(new_start), "new_ts": list(new_start.values()),
                            "new_end": [new_end[i] for i in new_start]},
                           schema={"idx": pl.UInt32, "new_ts": pl.Float64, "new_end": pl.Float64})
     work = placed.join(linked, on="idx", how="left")
     gpu_done = {s: e for s, e in work.group_by("step").agg(pl.col("new_end").max()).iter_rows() if s is not None}
+    recorded_done = {s: e for s, e in recorded_work.group_by("step").agg(pl.col("end").max()).iter_rows()
+                     if s is not None}
     busy = {s: b for s, b in busy_us(work.rename({"new_ts": "ts", "new_end": "end"})
                                        .with_columns(pl.lit(device).alias("device")), ["step"])
             .select("step", "busy_us").iter_rows() if s is not None}
@@ -449,6 +464,9 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
                if first_own is not None else None)
     previous_end = cpu_new[0]
     backlog_us = max(0.0, float(backlog) - cpu_new[0]) if backlog is not None else 0.0
+    # The same chain of step ends on the recorded times: what the replay gives with no cost taken away, and so
+    # the most a step can last once the profiler's cost is gone.
+    recorded_end = starts[0]
     rows = []
     for i, step in enumerate(numbers):
         # A step is over when the CPU reaches the next step and the GPU has finished this step's work. Step ends
@@ -457,12 +475,18 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         # GPU ends move back by it.
         gpu_end = gpu_done.get(step, previous_end + backlog_us) - backlog_us
         step_end = max(cpu_new[i + 1], gpu_end, previous_end)
-        gpu_busy = busy.get(step, 0.0)
+        gpu_busy = max(busy.get(step, 0.0), recorded_busy.get(step, 0.0))
         est = max(step_end - previous_end, gpu_busy)
         previous_end = step_end
         # As recorded, a step lasts its CPU window or its GPU work, whichever is longer (Trace.step_table's
         # step_us): a GPU-bound step's CPU marker ends long before its kernels do.
         recorded = max(ends[i] - starts[i], gpu_busy)
+        # Taking the profiler's cost away never lengthens a step: where the replay's placement comes out longer
+        # (a latency or dependency it misreads), the step as recorded bounds it.
+        chained = max(starts[i + 1] if i + 1 < len(starts) else ends[-1], recorded_done.get(step, recorded_end),
+                      recorded_end)
+        est = min(est, max(recorded, chained - recorded_end))
+        recorded_end = chained
         rows.append({"step": step, "device": device, "recorded_us": recorded, "est_step_us": est,
                      "gpu_busy_us": gpu_busy, "est_idle_us": max(0.0, est - gpu_busy),
                      "profiler_cpu_us": spent_before[i + 1] - spent_before[i]})
