@@ -205,6 +205,8 @@ class Framework:
     name: str
     match: re.Pattern[str]
     fixes: dict[str, str]
+    # Op names the framework records in every profiler setting: it is known from them without Python stacks.
+    ops: re.Pattern[str] | None = None
 
 
 @cache
@@ -215,6 +217,9 @@ def load_frameworks() -> tuple[Framework, ...]:
     found = []
     for number, entry in enumerate(load_toml(path).get("framework", []), 1):
         where = f"{path}: framework {number}"
+        ops = entry.get("ops")
+        if ops is not None and not isinstance(ops, str):
+            raise RuleFileError(f"{where}: 'ops' must be a string")
         found.append(Framework(_require(entry, "name", str, where), re.compile(_require(entry, "match", str, where)),
-                               dict(_require(entry, "fixes", dict, where))))
+                               dict(_require(entry, "fixes", dict, where)), re.compile(ops) if ops else None))
     return tuple(found)

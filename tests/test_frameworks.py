@@ -38,3 +38,22 @@ def test_plain_pytorch_and_traces_without_stacks_keep_the_plain_fix():
     item = _by_rule("calibration/gpt2_train_item.shapes_stack")["AT302"]
     assert "framework" not in item["where"] and item["fix"].startswith("Keep the value on the GPU")
     assert all("framework" not in f["where"] for f in _by_rule("calibration/llama_generate.shapes").values())
+
+
+def test_compiled_code_recorded_without_stacks_is_known_by_its_ops():
+    # Inductor records a `triton_*` op per kernel in every setting: a plain capture of a compiled GPT-2 step was
+    # told to "Fuse small ops (`torch.compile`)".
+    found = _by_rule("compiled/gpt2_train_compiled_b16.plain")
+    assert found["AT402"]["where"]["framework"] == "torch.compile"
+    assert found["AT402"]["fix"].startswith("This code is compiled already")
+    assert all(f["where"].get("framework") != "torch.compile"
+               for f in _by_rule("calibration/llama_train_eager.plain").values())
+
+
+def test_an_idle_of_the_profilers_own_cost_gets_no_framework_switch():
+    # "This code is compiled already: `mode="reduce-overhead"` removes the launch gaps... In plain PyTorch:
+    # Nothing to fix" recommended a change and then said there was nothing to fix.
+    for name in ("gpu_bound/llama_train_b8_compiled.shapes_stack", "from_trace/llama_generate_eager"):
+        idle = _by_rule(name)["AT402"]
+        assert idle["evidence"]["profiler_only"]
+        assert "framework" not in idle["where"] and idle["fix"].startswith("Nothing to fix in the program")

@@ -185,4 +185,6 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
                     "CPU keeps the GPU fed" + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) else "")),
         step_us=est_step,
         fix=fix,
+        # Where the idle is the profiler's own, a framework's switch would fix nothing either.
+        framework_fix=not profiler_only,
     )

@@ -130,19 +130,22 @@ class Context:
 
     def _framework_fix(self, op: int | None) -> tuple[str, str] | None:
         """(framework, its fix for this rule) when the op's Python stack runs through a framework of
-        rules/frameworks.toml that has one."""
+        rules/frameworks.toml that has one; for no op, when the trace's stacks do, or its ops name the framework
+        (a compiled program recorded without with_stack is still compiled)."""
         files = self.trace.stack_files(op)
-        if not files:
-            return None
+        ops = self.trace.ops["name"]
         for framework in load_frameworks():
-            if self.rule.id in framework.fixes and any(framework.match.search(f) for f in files):
+            if self.rule.id not in framework.fixes:
+                continue
+            if any(framework.match.search(f) for f in files) or (
+                    op is None and framework.ops is not None and ops.str.contains(framework.ops.pattern).any()):
                 return framework.name, framework.fixes[self.rule.id]
         return None
 
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
                 device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
-                step_us: float | None = None) -> dict[str, Any]:
+                step_us: float | None = None, framework_fix: bool = True) -> dict[str, Any]:
         """A finding. Its `identity` hashes the rule and a key made of names only (op chain, kernel), never
         timings, so it survives re-captures of the same program; its `fingerprint` adds the trace's identity
         (model/identity.py), so that two traces' findings never share one. Baselines use the fingerprint, `diff`
@@ -153,14 +156,16 @@ class Context:
         device's CPU-side time pass that device's), and the assumption it rests on, if any; an estimate that
         rests on one is rounded to two significant figures. Without an explicit severity, it is the rule's when
         the saving reaches the rule's min_saving_share of the step, else info: a warning promises a saving worth
-        acting on."""
+        acting on. A framework's own fix (rules/frameworks.toml) comes first unless framework_fix is False (a
+        finding that says there is nothing to fix).
+        """
         identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
         label = self.trace.label or trace_label(self.trace.path, (), self.trace.meta.rank)
         digest = hashlib.sha256(f"{identity}|{label}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
             where = {**where, "source": source}
-        framework = self._framework_fix(op)
+        framework = self._framework_fix(op) if framework_fix else None
         if framework:
             name, text = framework
             where = {**where, "framework": name}
