@@ -95,10 +95,11 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     for the same device, whose fix names both (unless that AT402 found only the profiler's cost). (AT401 leaves
     out the kernels AT201 and AT202 own itself.)"""
     rules = {f["rule"] for f in findings}
-    # An AT402 that finds only the profiler's own cost (info, saving nothing) is not a cause a sync or a launch
-    # loop can be part of: nested under it, a real sync's warning would leave the verdict and the exit code.
-    idle_devices = {f["where"].get("device") for f in findings
-                    if f["rule"] == "AT402" and not f["evidence"].get("profiler_only")}
+    # An AT402 that finds only the profiler's own cost (info, saving nothing), or cannot tell (info), is not a
+    # cause a sync or a launch loop can be part of: nested under it, a real sync's warning would leave the verdict
+    # and the exit code.
+    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"
+                    and not f["evidence"].get("profiler_only") and not f["evidence"].get("undetermined")}
     for f in findings:
         chain = f["where"].get("op_chain") or ""
         if "AT202" in rules and f["rule"] != "AT202" and (
