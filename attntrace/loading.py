@@ -36,7 +36,9 @@ class InputError:
 
 def display_path(path: str) -> str:
     """A path as reports show it: bytes of the file name that are not UTF-8 (kept by Python as lone
-    surrogates, which no encoder accepts) as \\xNN escapes."""
+    surrogates, which no encoder accepts) as \\xNN escapes; an empty one as "" (a line must name it)."""
+    if not path:
+        return '""'
     try:
         path.encode("utf-8")
         return path

@@ -140,6 +140,8 @@ def build(raw: RawTrace) -> Trace:
         notes=list(raw.notes) + ([f"{clamped} event(s) with an absurd duration (over {MAX_DUR_US:.0e} us or not "
                                   "finite) read as 0"] if clamped else [])
               + ([f"{stray} GPU event(s) more than {MAX_DUR_US:.0e} us from the others ignored"] if stray else [])
+              + ([f"{tables.odd_durations} event(s) with a negative or missing duration read as 0"]
+                 if tables.odd_durations else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
               + _engulfing_ops(tables.ops),
         incomplete=raw.incomplete,

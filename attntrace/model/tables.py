@@ -24,9 +24,19 @@ import msgspec
 import polars as pl
 
 from attntrace import workers
+from attntrace.errors import TraceError
 from attntrace.events import Args, Begin, Complete, Document, End, Event, TraceEvent
 from attntrace.read.buffers import let_go
-from attntrace.read.decoding import Undecodable, bracketed, decode_piece, decode_pieces, decode_span, redecode
+from attntrace.read.decoding import (
+    Undecodable,
+    bracketed,
+    decode_piece,
+    decode_pieces,
+    decode_span,
+    empty_problem,
+    no_phase_problem,
+    redecode,
+)
 from attntrace.read.raw import Pieces, RawTrace
 
 # Categories by kind, current and older spellings and other vendors (TRACE_FORMAT.md).
@@ -186,6 +196,7 @@ class Tables:
     gpu_annotations: pl.DataFrame
     python: pl.DataFrame
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
+    odd_durations: int = 0  # complete events with a negative or missing duration, read as 0
 
 
 def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
@@ -224,42 +235,60 @@ def gc_paused() -> Iterator[None]:
 
 def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
     tables = {}
+    odd = 0
     for kind in KINDS:  # one kind's pieces at a time: joining all at once would hold every table twice
-        tables[kind] = _derive(kind, _concat(parts.pop(kind)))
+        joined = _concat(parts.pop(kind))
+        if kind != "flows" and joined.height:
+            odd += joined.select((pl.col("dur").is_null() | (pl.col("dur") < 0)).sum()).item()
+        tables[kind] = _derive(kind, joined)
     op_inputs = pl.concat(inputs, rechunk=True) if len(inputs) > 1 else inputs[0]
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
                   flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
-                  python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs))
+                  python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs), odd_durations=odd)
 
 
 def split_trace(raw: RawTrace) -> Tables:
     """split() of a trace's events; a big trace's pieces are decoded on every core, each worker returning its
     tables as Arrow IPC, stitched in file order: the tables are the same as from one process."""
-    if raw.pieces is None:
+    if raw.pieces is None and raw.chunks is None:
         return split(raw.event_chunks())
+    if raw.pieces is None:
+        return _checked_pieces(raw, split(raw.event_chunks()))
     try:
         # Not held here: the file's buffer goes as soon as the pieces are decoded, before their tables are joined.
-        return _split_pieces(raw, raw.take_pieces())  # type: ignore[arg-type]
+        return _checked_pieces(raw, _split_pieces(raw, raw.take_pieces()))  # type: ignore[arg-type]
     except Undecodable as failed:
         pieces = failed.pieces
     # Decoded again here, once the failed attempt's frames (views of the buffer) are gone.
     again = redecode(raw, pieces)
     del pieces
-    raw.document, raw.notes, raw.dropped_events, raw.incomplete = (again.document, again.notes,
-                                                                   again.dropped_events, again.incomplete)
-    return split(again.event_chunks())
+    in_pieces = again.chunks is not None
+    tables = split(again.event_chunks())  # the pieces' counts go on `again` as they are decoded
+    raw.document, raw.incomplete = again.document, again.incomplete
+    raw.restore(again.counts())
+    return _checked_pieces(raw, tables) if in_pieces else tables
+
+
+def _checked_pieces(raw: RawTrace, tables: Tables) -> Tables:
+    """The checks a document decoded whole gets (read/decoding.py), on one decoded in pieces: an event list of
+    no trace events, or of events none of which has a phase, is refused at any size."""
+    if raw.seen_events == raw.dropped_events:
+        raise TraceError(*empty_problem(raw.dropped_events))
+    if raw.unphased_events and raw.unphased_events == raw.seen_events - raw.dropped_events:
+        raise TraceError("bad-trace", no_phase_problem(raw.unphased_events))
+    return tables
 
 
 def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
     processes = workers.read_workers(len(pieces))
     done: _Parts | None = None
     if processes > 1:
-        dropped, notes = raw.dropped_events, list(raw.notes)
+        counts = raw.counts()
         with contextlib.suppress(OSError, BrokenProcessPool):  # no worker processes here (a sandbox)
             done = _split_parallel(raw, pieces, processes)
         workers.return_freed_memory()
         if done is None:  # one process does it all, from the start
-            raw.dropped_events, raw.notes[:] = dropped, notes
+            raw.restore(counts)
     if done is None:
         done = _split_all(decode_pieces(raw, pieces))
     pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
@@ -290,10 +319,10 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         result = future.result()
         if result is None:
             return False
-        frames, piece_inputs, open_json, dropped = result
+        frames, piece_inputs, open_json, counted = result
         done[i] = ([pl.read_ipc(io.BytesIO(blob)) for blob in frames], pl.read_ipc(io.BytesIO(piece_inputs)),
                    msgspec.json.decode(open_json, type=list[Begin | End]) if open_json else [])
-        raw.count_dropped(dropped)
+        raw.count_piece(*counted)
         return True
 
     with gc_paused():
@@ -352,11 +381,12 @@ def _piece_parts(events: list[TraceEvent]) -> _PieceParts:
     return [parts[kind][0] for kind in KINDS], inputs[0], open_ended
 
 
-_PieceTables = tuple[list[bytes], bytes, bytes, int]
+_PieceTables = tuple[list[bytes], bytes, bytes, tuple[int, int, int]]
 
 
 def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | None:
-    """In a worker: one piece's tables as Arrow IPC, its open-ended events as JSON and its dropped events; None
+    """In a worker: one piece's tables as Arrow IPC, its open-ended events as JSON and its counts (items,
+    malformed ones, ones without a phase: RawTrace.count_piece); None
     when the piece does not parse (a cut inside an event) or the file no longer holds it."""
     raw = RawTrace("", 0, Document(traceEvents=[]))
     gc.disable()  # a worker does this alone: nothing it makes is cyclic
@@ -372,7 +402,8 @@ def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | Non
     frames, inputs, open_ended = _piece_parts(events)
     del events
     return ([_ipc(frame) for frame in frames], _ipc(inputs),
-            msgspec.json.encode(open_ended) if open_ended else b"", raw.dropped_events)
+            msgspec.json.encode(open_ended) if open_ended else b"",
+            (raw.seen_events, raw.dropped_events, raw.unphased_events))
 
 
 def _read_span(path: str, lo: int, hi: int) -> bytearray | None:

@@ -76,11 +76,8 @@ def decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False) 
         fixed = replace_raw_surrogates(data)
         notes.append(f"{fixed} UTF-16 surrogate(s) written as UTF-8 bytes replaced with U+FFFD")
     raw = _decode(path, data, salvage, whole)
-    if raw.chunks is None and not raw.document.traceEvents:  # (events in pieces are counted as decoded)
-        if raw.dropped_events:
-            raise TraceError("not-a-trace", f"none of its {raw.dropped_events} items is a trace event (an object "
-                             "with a phase, \"ph\")")
-        raise TraceError("empty", "no trace events (an empty event list)")
+    if raw.chunks is None and not raw.document.traceEvents:  # (events in pieces are checked as decoded)
+        raise TraceError(*empty_problem(raw.dropped_events))
     raw.notes[:0] = notes
     raw.rewritten = raw.rewritten or bool(notes)
     return raw
@@ -365,13 +362,17 @@ def bracketed(view: memoryview, lo: int, hi: int) -> bytearray:
 
 
 def decode_piece(raw: RawTrace, piece: bytes | bytearray | memoryview) -> list[TraceEvent]:
-    """One piece's events; malformed ones are dropped and counted on `raw`. DecodeError when it is not JSON."""
+    """One piece's events; malformed ones and those without a phase are left out and counted on `raw`, as
+    a document decoded whole counts them. DecodeError when it is not JSON."""
     try:
-        return _EVENTS.decode(piece)
+        events = _EVENTS.decode(piece)
+        raw.count_piece(len(events), 0, 0)
+        return events
     except msgspec.ValidationError:
         items = _ANY.decode(piece)
-        kept = [e for e in map(_coerce_event, items) if e is not None]
-        raw.count_dropped(len(items) - len(kept))
+        coerced = [e for e in map(_coerce_event, items) if e is not None]
+        kept = [e for e in coerced if not isinstance(e, Unphased)]
+        raw.count_piece(len(items), len(items) - len(coerced), len(coerced) - len(kept))
         return kept
 
 
@@ -468,13 +469,24 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     doc.traceEvents = kept
     notes = [f"{dropped} malformed events ignored"] if dropped else []
     unphased = sum(isinstance(event, Unphased) for event in kept)
-    if unphased and isinstance(document, dict):
-        if unphased == len(kept):
-            raise TraceError("bad-trace", f"none of its {unphased} events has a phase (\"ph\") the Trace Event "
-                             "Format knows")
-        notes.append(f"{unphased} events without a phase (\"ph\") the Trace Event Format knows ignored")
+    if unphased and unphased == len(kept) and isinstance(document, dict):
+        raise TraceError("bad-trace", no_phase_problem(unphased))
     raw = RawTrace(path, size, doc, dropped, notes)
-    return _checked_list(raw) if isinstance(document, list) else raw
+    if isinstance(document, list):
+        _checked_list(raw)
+    raw.count_unphased(unphased)  # a bare list's too: its events without a phase are left out alike
+    return raw
+
+
+def no_phase_problem(unphased: int) -> str:
+    return f"none of its {unphased} events has a phase (\"ph\") the Trace Event Format knows"
+
+
+def empty_problem(dropped: int) -> tuple[str, str]:
+    """(kind, reason) for an event list that holds no trace event: `dropped` items, none of them an event."""
+    if dropped:
+        return "not-a-trace", f"none of its {dropped} items is a trace event (an object with a phase, \"ph\")"
+    return "empty", "no trace events (an empty event list)"
 
 
 _RAW_FIELDS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs"}

@@ -48,6 +48,9 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     from attntrace import sources  # URLs: a small module; fsspec itself is imported only for a URL
 
     for given in paths:
+        if not given:  # an unset shell variable ("$TRACE"): Path("") is the current directory, which it never meant
+            yield TraceError("usage", "an empty path", path=given)
+            continue
         if given == "-":
             if stdin_seen:
                 yield TraceError("usage", "stdin ('-') can be read only once", path=given)

@@ -28,6 +28,9 @@ def default_max_bytes() -> int:
 DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this (--max-size)
 
 
+UNPHASED_NOTE = 'events without a phase ("ph") the Trace Event Format knows ignored'
+
+
 @dataclass
 class RawTrace:
     path: str
@@ -39,6 +42,8 @@ class RawTrace:
     rewritten: bool = False  # the bytes decoded differ from the input's (re-encoded, surrogates replaced)
     chunks: Callable[[], Iterator[list[TraceEvent]]] | None = None  # events decoded piece by piece, once
     pieces: Pieces | None = field(default=None, repr=False)
+    unphased_events: int = 0  # events without a phase the Trace Event Format knows, left out
+    seen_events: int = 0  # items of the event list decoded in pieces (a document in one piece holds its own)
 
     def take_pieces(self) -> Pieces | None:
         """The pieces, for a caller that decodes them itself (in other processes); the events are then not
@@ -53,6 +58,24 @@ class RawTrace:
             self.dropped_events += dropped
             self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
             self.notes.append(f"{self.dropped_events} malformed events ignored")
+
+    def count_unphased(self, unphased: int) -> None:
+        if unphased:
+            self.unphased_events += unphased
+            self.notes[:] = [n for n in self.notes if not n.endswith(UNPHASED_NOTE)]
+            self.notes.append(f"{self.unphased_events} {UNPHASED_NOTE}")
+
+    def count_piece(self, seen: int, dropped: int, unphased: int) -> None:
+        """One piece's items: all of them, the malformed ones and those without a phase."""
+        self.seen_events += seen
+        self.count_dropped(dropped)
+        self.count_unphased(unphased)
+
+    def counts(self) -> tuple[int, int, int, list[str]]:
+        return self.seen_events, self.dropped_events, self.unphased_events, list(self.notes)
+
+    def restore(self, counts: tuple[int, int, int, list[str]]) -> None:
+        self.seen_events, self.dropped_events, self.unphased_events, self.notes[:] = counts
 
     def event_chunks(self) -> Iterator[list[TraceEvent]]:
         """The events, in file order, as lists; a large Kineto file is decoded 16 MiB at a time so that only
