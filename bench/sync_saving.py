@@ -160,7 +160,9 @@ def report(directory: Path) -> int:
                 continue
             # Every sync chain, however small its claim (min_idle_us 0): the claim is what is compared.
             report = json.loads(lint(str(path), select="AT302,AT402", settings={"AT302.min_idle_us": 0.0}).to_json())
-            claims = [f for f in report["findings"] if f["rule"] == "AT302"]
+            # AT302 findings are causes of their own or consequences inside an AT402.
+            every = [c for f in report["findings"] for c in (f, *f.get("consequences", []))]
+            claims = [f for f in every if f["rule"] == "AT302"]
             claimed = sum(f["impact"]["gpu_us_per_step"] for f in claims)
             recorded = sum(f["evidence"]["recorded_gpu_idle_us_per_step"] for f in claims)
             rows.append([name, setting, f"{statistics.median(timed['with_sync_ms']):.3f}",

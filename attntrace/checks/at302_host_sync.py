@@ -8,9 +8,28 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, fmt_us
 from attntrace.model.intervals import merged_runs
-from attntrace.model.replay import BLOCKING_CALLS
+from attntrace.model.replay import BLOCKING_CALLS, SYNC_FLOOR_US
 
 BLOCKING = sorted(BLOCKING_CALLS)
+
+
+def _held(ctx: Context, syncs: pl.DataFrame, replayed: Any) -> pl.DataFrame:
+    """How long each sync held the CPU (blocked_us): the op it ran in, whole (a `.item()` is
+    `_local_scalar_dense`: a blocking copy, a synchronize, the op's own work), or the call alone outside any op;
+    and the same without the profiler (held_est_us): less the costs the replay charges for that op and its
+    runtime calls, no less than SYNC_FLOOR_US. Removing the sync saves the CPU that time, and the GPU no more of
+    its idle after the sync: the CPU work before the next launch stays."""
+    ops = ctx.trace.ops.select(pl.col("idx").cast(pl.Int64).alias("op"), pl.col("dur").alias("op_us"))
+    calls = ctx.trace.launches_linked.filter(pl.col("op").is_not_null()).group_by("op").len("op_calls")
+    costs = replayed.costs
+    op_cost = costs.op_cost(replayed.settings) if costs is not None else 0.0
+    call_cost = costs.runtime_call_us if costs is not None else 0.0
+    return (syncs.join(ops, on="op", how="left").join(calls, on="op", how="left")
+            .with_columns(pl.coalesce("op_us", "dur").alias("blocked_us"))
+            .with_columns(pl.max_horizontal(
+                pl.lit(SYNC_FLOOR_US), pl.col("blocked_us") - pl.when(pl.col("op_us").is_not_null()).then(
+                    op_cost + call_cost * pl.col("op_calls").fill_null(0)).otherwise(call_cost)).alias("held_est_us"))
+            .drop("op_us", "op_calls"))
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
@@ -94,18 +113,15 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                                                  & pl.col("name").is_in(list(BLOCKING)))
     if not syncs.height:
         return []
-    # How long each sync held the CPU: the runtime calls of the op it ran in (a `.item()` waits in its blocking
-    # copy, then syncs at once), or the call alone outside any op.
-    calls = ctx.trace.launches_on_devices
-    held = (calls.filter(pl.col("op").is_not_null()).group_by("op").agg(pl.col("dur").sum().alias("op_calls_us")))
-    syncs = (syncs.join(held, on="op", how="left")
-             .with_columns(pl.coalesce("op_calls_us", "dur").alias("blocked_us")).drop("op_calls_us"))
-    recorded_idle = _idle_after(ctx, syncs)
     replayed = ctx.trace.replay
-    # The GPU's wait after each sync as the program runs without the profiler (the replay), where it can say.
+    syncs = _held(ctx, syncs, replayed)
+    recorded_idle = _idle_after(ctx, syncs)
+    # The GPU's wait after each sync as the program runs without the profiler (the replay), where it can say, no
+    # longer than the sync held the CPU without the profiler.
     by_replay = replayed.idle_after_sync if not replayed.reason else {}
-    idle = [by_replay.get(idx, rec) if rec is not None else None
-            for idx, rec in zip(syncs["idx"].to_list(), recorded_idle, strict=True)]
+    idle = [min(by_replay.get(idx, rec), held) if rec is not None else None
+            for idx, rec, held in zip(syncs["idx"].to_list(), recorded_idle, syncs["held_est_us"].to_list(),
+                                      strict=True)]
     # Summed per op chain: the replay gives a gap to the last sync of a run, the recording to the first, and
     # without the profiler's cost the CPU reaches the next launch no later than it did, so a chain's idle without
     # the profiler is at most its idle as recorded.

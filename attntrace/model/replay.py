@@ -140,6 +140,7 @@ class Replay:
     reason: str | None = None  # why no replay could be made (no CPU events, a CPU-only trace, ...)
     idle_after_sync: dict[int, float] = field(default_factory=dict)  # launches-table idx -> replayed GPU idle
     host_factor: float = 1.0  # the per-event costs' scale for this trace's host (ProfilerCosts.scaled_for)
+    costs: ProfilerCosts | None = None  # the per-event costs the replay charged, scaled for this trace's host
 
     @property
     def steady(self) -> pl.DataFrame:
@@ -203,6 +204,7 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     costs, factor = costs.scaled_for(float(launch_us) if launch_us is not None else None)
     result = _replay(trace, costs)
     result.host_factor = round(factor, 3)
+    result.costs = costs
     return result
 
 
@@ -312,7 +314,6 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     new_start: dict[int, float] = {}
     new_end: dict[int, float] = {}
     sync_returns: dict[int, float] = {}
-    sync_waits: dict[int, float] = {}  # how long each sync held the CPU in the replay
     runtime_call_us = costs.runtime_call_us
     find = bisect.bisect_right
     for t, kind, _, payload in cpu_events:
@@ -329,7 +330,6 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
             clock.saved += (end - overhead[end] - clock.saved) - returns
             sync_returns[sync] = returns
-            sync_waits[sync] = returns - start_new
             continue
         launched_at = t - overhead[t] - clock.saved if kind == 0 else 0.0
         for idx, ts, end, stream in payload:
@@ -375,7 +375,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     per_step_events = {"cpu_ops": ops.height / steps.height, "runtime_calls": launches.height / steps.height,
                        "python_functions": python.height / steps.height}
     return (_per_step(trace, device, steps, clock, new_start, new_end), per_step_events,
-            _idle_after_syncs(sync_returns, sync_waits, new_start))
+            _idle_after_syncs(sync_returns, new_start))
 
 
 def _inductor_wrapper_costs(python: pl.DataFrame, event_us: float, statement_us: float) -> pl.DataFrame:
@@ -394,26 +394,21 @@ def _inductor_wrapper_costs(python: pl.DataFrame, event_us: float, statement_us:
                            (event_us + pl.col("statements") * statement_us).cast(pl.Float64).alias("cost"))
 
 
-def _idle_after_syncs(sync_returns: dict[int, float], sync_waits: dict[int, float],
-                      new_start: dict[int, float]) -> dict[int, float]:
-    """For each blocking call, the GPU idle in the replay that removing it would save: from its return to the
-    next GPU work, but no more than the calls before that work held the CPU (without the sync the CPU runs on
-    that much sooner; a sync that found the GPU done saves nothing of the CPU work that follows it). Blocking
-    calls in a row with no GPU work between them share one gap and their waits: the last counts it, the one the
-    GPU's next work waited for (a `.item()` is a blocking copy, then a synchronize: the synchronize is the sync
-    a rule names)."""
+def _idle_after_syncs(sync_returns: dict[int, float], new_start: dict[int, float]) -> dict[int, float]:
+    """For each blocking call, how long the GPU idles in the replay from its return to the next GPU work (AT302
+    bounds what removing it saves by the CPU time the sync held). Blocking calls in a row with no GPU work
+    between them share one gap: the last counts it, the one the GPU's next work waited for (a `.item()` is a
+    blocking copy, then a synchronize: the synchronize is the sync a rule names)."""
     starts = sorted(new_start.values())
     idle: dict[int, float] = {}
     last_before: dict[int, tuple[int, float]] = {}  # next work's index -> the last call returning before it
-    waited: dict[int, float] = {}  # next work's index -> what the calls before it held the CPU
     for sync, returns in sorted(sync_returns.items(), key=lambda item: (item[1], item[0])):
         idle[sync] = 0.0
         i = bisect.bisect_left(starts, returns)
         if i < len(starts):
             last_before[i] = (sync, returns)
-            waited[i] = waited.get(i, 0.0) + sync_waits.get(sync, 0.0)
     for i, (sync, returns) in last_before.items():
-        idle[sync] = max(0.0, min(starts[i] - returns, waited[i]))
+        idle[sync] = starts[i] - returns
     return idle
 
 
