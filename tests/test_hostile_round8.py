@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import sample
@@ -101,3 +102,38 @@ def test_a_negative_or_missing_duration_is_said(tmp_path: Path, change: str):
     path.write_text(json.dumps(doc))
     notes = load(str(path)).meta.notes
     assert f"{len(kernels)} event(s) with a negative or missing duration read as 0" in notes
+
+
+def _begin_end_steps(zero_length_op: bool, close_last: bool = True) -> dict:
+    """Three steps written as B/E pairs (0.9 ms each), a launch and a kernel in each; with a zero-length op
+    (B and E at one time) inside each step."""
+    events = []
+    for i in range(3):
+        t = i * 1000.0
+        events += [{"ph": "B", "cat": "user_annotation", "name": f"ProfilerStep#{i + 1}", "pid": 1, "tid": 1, "ts": t},
+                   {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 20,
+                    "dur": 5, "args": {"correlation": i + 1}},
+                   {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "pid": 0, "tid": 7, "ts": t + 40, "dur": 400,
+                    "args": {"correlation": i + 1, "device": 0, "stream": 7}}]
+        if zero_length_op:
+            events += [{"ph": "B", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": t + 500},
+                       {"ph": "E", "pid": 1, "tid": 1, "ts": t + 500}]
+        if close_last or i < 2:
+            events.append({"ph": "E", "pid": 1, "tid": 1, "ts": t + 900})
+    return {"traceEvents": events}
+
+
+def test_a_zero_length_pair_inside_an_open_begin_closes_itself(tmp_path: Path):
+    # Pairing put every "E" before a "B" at one time: the zero-length op's "E" closed the step (0.5 ms, not 0.9).
+    path = tmp_path / "be.json"
+    path.write_text(json.dumps(_begin_end_steps(zero_length_op=True)))
+    trace = load(str(path))
+    windows = trace.steps.select((pl.col("end") - pl.col("ts")).alias("us"))["us"].to_list()
+    assert windows == [900.0, 900.0, 900.0]
+    assert trace.ops.filter(pl.col("name") == "aten::empty")["dur"].to_list() == [0.0, 0.0, 0.0]
+
+
+def test_a_begin_that_no_end_closes_is_said(tmp_path: Path):
+    path = tmp_path / "be.json"
+    path.write_text(json.dumps(_begin_end_steps(zero_length_op=False, close_last=False)))
+    assert '1 "B" event(s) that no "E" closed ignored' in load(str(path)).meta.notes

@@ -197,6 +197,7 @@ class Tables:
     python: pl.DataFrame
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
     odd_durations: int = 0  # complete events with a negative or missing duration, read as 0
+    unclosed: int = 0  # "B" events no "E" closed, left out
 
 
 def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
@@ -204,7 +205,7 @@ def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
     return _assemble(*_split_all(chunks))
 
 
-_Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame]]
+_Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame], int]  # tables, op inputs, unclosed "B"s
 
 
 def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
@@ -215,9 +216,11 @@ def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
         for events in chunks:
             _split(events, parts, inputs, open_ended)
             del events  # one piece's structs at a time
+        unclosed = 0
         if open_ended:
-            _split(pair_begin_end(open_ended), parts, inputs, [])
-    return parts, inputs
+            complete, unclosed = pair_begin_end(open_ended)
+            _split(complete, parts, inputs, [])
+    return parts, inputs, unclosed
 
 
 @contextlib.contextmanager
@@ -233,7 +236,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) -> Tables:
+def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame], unclosed: int = 0) -> Tables:
     tables = {}
     odd = 0
     for kind in KINDS:  # one kind's pieces at a time: joining all at once would hold every table twice
@@ -244,7 +247,8 @@ def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame]) 
     op_inputs = pl.concat(inputs, rechunk=True) if len(inputs) > 1 else inputs[0]
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
                   flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
-                  python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs), odd_durations=odd)
+                  python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs), odd_durations=odd,
+                  unclosed=unclosed)
 
 
 def split_trace(raw: RawTrace) -> Tables:
@@ -368,9 +372,11 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
             parts[kind].append(frame)
         inputs.append(piece_inputs)
         open_ended.extend(piece_open)
+    unclosed = 0
     if open_ended:
-        _split(pair_begin_end(open_ended), parts, inputs, [])
-    return parts, inputs
+        complete, unclosed = pair_begin_end(open_ended)
+        _split(complete, parts, inputs, [])
+    return parts, inputs, unclosed
 
 
 def _piece_parts(events: list[TraceEvent]) -> _PieceParts:
@@ -464,11 +470,13 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return whole.with_row_index("idx")
 
 
-def pair_begin_end(events: list[Event]) -> list[Event]:
-    """Chrome's duration events: each "E" closes the latest open "B" on its (pid, tid). Unclosed ones are dropped."""
+def pair_begin_end(events: list[Event]) -> tuple[list[Event], int]:
+    """Chrome's duration events: each "E" closes the latest open "B" on its (pid, tid), in time order and, at one
+    time, in file order (as Chrome pairs them: a zero-length pair inside an open "B" closes itself, not that
+    one); the complete events and the number of "B"s left unclosed, which are left out."""
     stacks: dict[tuple[Any, Any], list[Event]] = {}
     complete: list[Event] = []
-    for event in sorted(events, key=lambda e: (e.ts, 0 if e.ph == "E" else 1)):
+    for event in sorted(events, key=attrgetter("ts")):  # stable: file order at one time
         stack = stacks.setdefault((event.pid, event.tid), [])
         if event.ph == "B":
             stack.append(event)
@@ -477,7 +485,7 @@ def pair_begin_end(events: list[Event]) -> list[Event]:
             complete.append(Complete(cat=begin.cat or event.cat, name=begin.name or event.name,
                                   pid=begin.pid, tid=begin.tid, ts=begin.ts, dur=(event.ts or 0.0) - (begin.ts or 0.0),
                                   args=begin.args or event.args))
-    return complete
+    return complete, sum(map(len, stacks.values()))
 
 
 def _split(events: list[TraceEvent], parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame],
