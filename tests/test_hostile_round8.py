@@ -137,3 +137,15 @@ def test_a_begin_that_no_end_closes_is_said(tmp_path: Path):
     path = tmp_path / "be.json"
     path.write_text(json.dumps(_begin_end_steps(zero_length_op=False, close_last=False)))
     assert '1 "B" event(s) that no "E" closed ignored' in load(str(path)).meta.notes
+
+
+def test_bytes_after_a_gzip_stream_are_refused_unless_zero_padding(tmp_path: Path):
+    # A gzip with a second plain trace appended was read without a word (gzip -d warns, Python's gzip refuses).
+    packed = Path(sample("bf16_causal_fwd/naive")).read_bytes()
+    appended = tmp_path / "appended.json.gz"
+    appended.write_bytes(packed + b'{"traceEvents": []}')
+    with pytest.raises(TraceError, match="19 bytes after the gzip stream that are not gzip"):
+        load(str(appended))
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(packed + b"\0" * 512)  # tape-block padding: read as gzip -d reads it
+    assert load(str(padded)).ops.height == load(sample("bf16_causal_fwd/naive")).ops.height

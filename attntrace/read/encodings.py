@@ -48,8 +48,13 @@ def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool
             if decomp.eof and decomp.unused_data:
                 pending = decomp.unused_data
                 if not pending.startswith(b"\x1f\x8b"):
-                    # Zero padding (tape blocks) or other bytes after the last member: gzip -d and Python's
-                    # gzip ignore them too.
+                    # Zero padding (tape blocks) after the last member: gzip -d and Python's gzip ignore it.
+                    # Other bytes (a second file appended to this one) are refused as a plain file's trailing
+                    # characters are: gzip -d warns of them, Python's gzip refuses them.
+                    extra = len(pending) - len(bytes(pending).rstrip(b"\0"))
+                    if extra != len(pending) and not salvage:
+                        raise TraceError("bad-gzip", f"{len(pending) - extra} bytes after the gzip stream that are "
+                                         "not gzip (a file appended to it?)")
                     break
                 # A second gzip member follows (concatenated gzip files are valid gzip).
                 decomp = zlib.decompressobj(wbits=47)
