@@ -109,10 +109,11 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
 def _unfused_attention_ops(ctx: Context) -> set[int]:
     """The ops of the unfused attention chains (AT102's): a copy under one of them goes when the chain is fused."""
     from attntrace.catalog import load_rules
-    from attntrace.checks.at102_materialized_scores import unfused_chains
+    from attntrace.checks.at102_materialized_scores import chain_ops
 
-    groups, _, _ = unfused_chains(ctx, load_rules()["AT102"].parameters["min_seq"].default)
-    return {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
+    # With or without recorded shapes, as AT102 finds them: without, a copy inside the chain was a second
+    # warning beside AT102's, its time counted twice.
+    return chain_ops(ctx, load_rules()["AT102"].parameters["min_seq"].default)
 
 
 def _repeats_kv_heads(ctx: Context, op: int | None, asked_by: str) -> bool:

@@ -150,20 +150,42 @@ def _chain_by_names(ctx: Context, softmax: int, sequence: list[int], position: d
     return sequence[start:end + 1]
 
 
+NamedChains = tuple[dict[str, list[tuple[int, int, list[int]]]], list[int], dict[int, int]]
+
+
+def chains_by_names(ctx: Context) -> NamedChains:
+    """Without recorded shapes: every unfused attention chain found by its op names, grouped by them (softmax op,
+    step, chain), with the thread sequence they were found in; computed once per trace (AT101 asks too)."""
+    key = chains_by_names
+    if key not in ctx.trace.shared:
+        names = ctx.trace.op_names
+        candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null()
+                                                  & pl.col("name").is_in(list(SOFTMAX)))
+        sequence, position = _thread_sequence(ctx) if candidates.height else ([], {})
+        groups: dict[str, list[tuple[int, int, list[int]]]] = defaultdict(list)
+        for op, step in candidates.select("idx", "step").iter_rows():
+            if any(SDPA in names[a] or "autograd::engine" in names[a] for a in ctx.trace.op_ancestors(op)):
+                continue
+            chain = _chain_by_names(ctx, op, sequence, position)
+            if chain is not None:
+                groups[" > ".join(names[o] for o in chain)].append((op, step, chain))
+        ctx.trace.shared[key] = (dict(groups), sequence, position)
+    return ctx.trace.shared[key]  # type: ignore[no-any-return]
+
+
+def chain_ops(ctx: Context, min_seq: int) -> set[int]:
+    """The ops of every unfused attention chain AT102 reports: by shapes where they were recorded, else by names."""
+    if not ctx.trace.has_shapes:
+        return {op for hits in chains_by_names(ctx)[0].values() for _, _, chain in hits for op in chain}
+    groups, _, _ = unfused_chains(ctx, min_seq)
+    return {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
+
+
 def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
     """AT102 on a trace recorded without record_shapes: the chain is found by its op names; the score tensor's
     size cannot be read; the softmax kernels' time bounds it (softmax reads and writes the tensor once, at most
     at the device's memory bandwidth), and the message says it is an estimate."""
-    names = ctx.trace.op_names
-    candidates = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & pl.col("name").is_in(list(SOFTMAX)))
-    sequence, position = _thread_sequence(ctx) if candidates.height else ([], {})
-    groups: dict[str, list[tuple[int, int, list[int]]]] = defaultdict(list)
-    for op, step in candidates.select("idx", "step").iter_rows():
-        if any(SDPA in names[a] or "autograd::engine" in names[a] for a in ctx.trace.op_ancestors(op)):
-            continue
-        chain = _chain_by_names(ctx, op, sequence, position)
-        if chain is not None:
-            groups[" > ".join(names[o] for o in chain)].append((op, step, chain))
+    groups, sequence, position = chains_by_names(ctx)
     peaks = device_peaks(ctx.trace.device_name(ctx.trace.devices[0] if ctx.trace.devices else None))
     findings = []
     for pattern, hits in sorted(groups.items()):
