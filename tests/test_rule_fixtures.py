@@ -215,3 +215,13 @@ def test_at501_silent_when_the_steps_are_graph_captures(tmp_path: Path):
                                {**thread, "name": "cudaStreamEndCapture", "ts": s["ts"] + s["dur"] - 2}]
     assert _findings(TINY, "AT501")
     assert _findings(_build(tmp_path, doc, "captured"), "AT501") == []
+
+
+def test_at202_with_a_mask_does_not_offer_flash_and_names_the_mask_first():
+    # Flash takes no attn_mask: "flash, memory-efficient and cuDNN could take it" was wrong for a masked call, and
+    # a pinned backend came first among the causes where only the masked calls ran math.
+    (f,) = _findings(sample("bf16_window_fwd/sdpa_math"), "AT202")
+    assert "memory-efficient and cuDNN (flash takes no attn_mask) could take it" in f["message"]
+    assert f["message"].index("a mask layout or strides") < f["message"].index("the math backend pinned")
+    (unmasked,) = _findings(sample("bf16_causal_fwd/sdpa_math"), "AT202")
+    assert "flash, memory-efficient and cuDNN could take it" in unmasked["message"]

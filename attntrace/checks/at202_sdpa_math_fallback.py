@@ -30,8 +30,9 @@ FIXES = {
     "head-dim-large": ("Keep the head dim at 256 or less for flash and cuDNN; above that only the "
                        "memory-efficient backend can run it, in fp16/bf16/fp32 on sm80 and later: check that it "
                        "is not disabled."),
-    "not-shown": ("Remove the pin and let SDPA choose (no `sdpa_kernel(SDPBackend.MATH)`, fused backends "
-                  "enabled). Check with `torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, "
+    "not-shown": ("Let SDPA choose: no `sdpa_kernel(SDPBackend.MATH)` pin, fused backends enabled, and an "
+                  "attn_mask passed contiguous (`mask.contiguous()`, not a slice or an expanded view). Check "
+                  "with `torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, "
                   "SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])`, which raises with the reason "
                   "when no fused kernel fits."),
 }
@@ -98,15 +99,23 @@ def _reason(ctx: Context, sdpa_op: int | None, math_op: int, device: dict[str, A
     elif old_gpu:
         eligible = "memory-efficient (flash and cuDNN need compute capability 8.0)"
     elif grouped:
-        eligible = "flash and cuDNN (with enable_gqa=True, PyTorch 2.5 and later)"
+        eligible = "cuDNN (with enable_gqa=True, PyTorch 2.5 and later; flash takes no mask)" if has_mask else \
+            "flash and cuDNN (with enable_gqa=True, PyTorch 2.5 and later)"
+    elif has_mask:
+        eligible = "memory-efficient and cuDNN (flash takes no attn_mask)"
     else:
         eligible = "flash, memory-efficient and cuDNN"
-    # The trace cannot show why a backend declined: name what it shows and list what else can cause it.
+    # The trace cannot show why a backend declined: name what it shows and list what else can cause it, the
+    # mask's own layout first where there is a mask (the fused kernels that take one refuse some layouts and
+    # strides; a pinned backend would send every call to math, not only the masked ones).
+    causes = ["the math backend pinned (sdpa_kernel(SDPBackend.MATH)) or the fused backends disabled",
+              "a mask layout or strides this PyTorch version's fused kernels do not support (a sliced or expanded "
+              "mask: pass it `.contiguous()`)"]
+    if has_mask:
+        causes.reverse()
     return "not-shown", (f"the trace shows nothing a fused kernel would refuse ({', '.join(facts)}; {eligible} "
-                         "could take it). Possible causes: the math backend pinned (sdpa_kernel(SDPBackend.MATH)) "
-                         "or the fused backends disabled; a mask layout or strides this PyTorch version's fused "
-                         "kernels do not support; deterministic algorithms on; ROCm limits. PyTorch's warning at "
-                         "the first call names the reason")
+                         f"could take it). Possible causes: {'; '.join(causes)}; deterministic algorithms on; ROCm "
+                         "limits. PyTorch's warning at the first call names the reason")
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
