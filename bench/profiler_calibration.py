@@ -83,7 +83,8 @@ def llama_generate() -> Step:
     return generate_step(model, torch.randint(0, 32000, (1, 128), device="cuda"), 32)
 
 
-def gpt2_train(compiled: bool = False, batch: int = 4) -> Step:
+def gpt2_train(compiled: bool = False, batch: int = 4,
+               after: Callable[[torch.Tensor], None] | None = None) -> Step:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=6, n_embd=768, n_head=12, vocab_size=16384, n_positions=1024)
@@ -95,9 +96,9 @@ def gpt2_train(compiled: bool = False, batch: int = 4) -> Step:
     ids = torch.randint(0, 16384, (batch, 512), device="cuda")
     losses: list[float] = []
 
-    # The loss logged every step: a host sync.
+    # The loss logged every step: a host sync (unless `after` logs it otherwise).
     return training_step(lambda: forward(input_ids=ids, labels=ids).loss, opt,
-                         after=lambda v: losses.append(v.item()))
+                         after=after or (lambda v: losses.append(v.item())))
 
 
 def bert_infer() -> Step:
@@ -114,7 +115,7 @@ def bert_infer() -> Step:
     return step
 
 
-def resnet_train(compiled: bool = False) -> Step:
+def resnet_train(compiled: bool = False, after: Callable[[torch.Tensor], None] | None = None) -> Step:
     import torchvision
 
     torch.manual_seed(0)
@@ -124,7 +125,7 @@ def resnet_train(compiled: bool = False) -> Step:
     x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (64,), device="cuda")
 
-    return training_step(lambda: F.cross_entropy(forward(x), y), opt)
+    return training_step(lambda: F.cross_entropy(forward(x), y), opt, after=after)
 
 
 def vit_infer(compiled: bool = False) -> Step:
@@ -178,7 +179,8 @@ def attention(kind: str) -> Step:
     return step
 
 
-def mlp_item_sync() -> Step:
+def mlp_item_sync(log: Callable[[torch.Tensor], None] = lambda loss: float(loss.item())) -> Step:
+    """Four micro-batches of a small MLP, each logging its loss (`log`: with .item(), a host sync)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -190,7 +192,7 @@ def mlp_item_sync() -> Step:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            float(loss.item())
+            log(loss)
 
     return step
 

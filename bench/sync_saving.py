@@ -29,87 +29,32 @@ from typing import Any
 Step = Callable[[], None]
 
 
+class LossLog:
+    """Where a step's loss goes: read on the host at once (`.item()`, a sync), or kept on the GPU and read later
+    (a bounded list, so memory stays flat)."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.kept: list[Any] = []
+
+    def __call__(self, loss: Any) -> None:
+        if self.sync:
+            float(loss.item())
+            return
+        self.kept.append(loss.detach())
+        if len(self.kept) > 256:
+            self.kept.clear()
+
+
 def _workloads() -> dict[str, Callable[[bool], Step]]:
-    import torch
-    import torch.nn.functional as F
+    """bench/profiler_calibration.py's workloads that log their loss, each with and without the sync: its
+    mlp_item_sync (a .item() per micro-batch), gpt2_train_item (one per step) and ResNet-50 training (GPU-bound:
+    the sync drains a deep queue)."""
+    from profiler_calibration import gpt2_train, mlp_item_sync, resnet_train
 
-    def mlp(sync: bool) -> Step:
-        """bench/profiler_calibration.py's mlp_item_sync: four micro-batches of a small MLP, each logging its loss."""
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x = torch.randn(64, 256, device="cuda")
-        kept: list[torch.Tensor] = []
-
-        def step() -> None:
-            for _ in range(4):
-                loss = model(x).square().mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if sync:
-                    float(loss.item())
-                else:
-                    kept.append(loss.detach())
-            if len(kept) > 256:
-                kept.clear()
-
-        return step
-
-    def gpt2(sync: bool) -> Step:
-        """bench/profiler_calibration.py's gpt2_train_item: a GPT-2 training step that logs its loss."""
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        config = GPT2Config(n_layer=6, n_embd=768, n_head=12, vocab_size=16384, n_positions=1024)
-        config._attn_implementation = "sdpa"
-        torch.manual_seed(0)
-        model = GPT2LMHeadModel(config).cuda()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        ids = torch.randint(0, 16384, (4, 512), device="cuda")
-        kept: list[torch.Tensor] = []
-
-        def step() -> None:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if sync:
-                float(loss.item())
-            else:
-                kept.append(loss.detach())
-                if len(kept) > 256:
-                    kept.clear()
-
-        return step
-
-    def resnet(sync: bool) -> Step:
-        """A GPU-bound step (ResNet-50, batch 64) that logs its loss: the sync drains a deep queue."""
-        import torchvision
-
-        torch.manual_seed(0)
-        model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-        y = torch.randint(0, 1000, (64,), device="cuda")
-        kept: list[torch.Tensor] = []
-
-        def step() -> None:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if sync:
-                float(loss.item())
-            else:
-                kept.append(loss.detach())
-                if len(kept) > 256:
-                    kept.clear()
-
-        return step
-
-    return {"mlp_item_sync": mlp, "gpt2_train_item": gpt2, "resnet50_train_item": resnet}
+    return {"mlp_item_sync": lambda sync: mlp_item_sync(log=LossLog(sync)),
+            "gpt2_train_item": lambda sync: gpt2_train(after=LossLog(sync)),
+            "resnet50_train_item": lambda sync: resnet_train(after=LossLog(sync))}
 
 
 def capture_all(out: Path, rounds: int) -> int:
