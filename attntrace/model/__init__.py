@@ -143,6 +143,7 @@ def build(raw: RawTrace) -> Trace:
               + ([f"{tables.odd_durations} event(s) with a negative or missing duration read as 0"]
                  if tables.odd_durations else [])
               + ([f'{tables.unclosed} "B" event(s) that no "E" closed ignored'] if tables.unclosed else [])
+              + ([f'{tables.untimed} event(s) without a time ("ts") ignored'] if tables.untimed else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
               + _engulfing_ops(tables.ops),
         incomplete=raw.incomplete,

@@ -198,6 +198,7 @@ class Tables:
     op_args: OpInputs  # each op's args, in ops-table order, for its raw input fields
     odd_durations: int = 0  # complete events with a negative or missing duration, read as 0
     unclosed: int = 0  # "B" events no "E" closed, left out
+    untimed: int = 0  # events of a kind the model reads without a time ("ts"), left out
 
 
 def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
@@ -205,22 +206,24 @@ def split(chunks: Iterable[list[TraceEvent]]) -> Tables:
     return _assemble(*_split_all(chunks))
 
 
-_Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame], int]  # tables, op inputs, unclosed "B"s
+# Tables by kind, op inputs, and what was left out: "B"s no "E" closed, events without a time.
+_Parts = tuple[dict[str, list[pl.DataFrame]], list[pl.DataFrame], int, int]
 
 
 def _split_all(chunks: Iterable[list[TraceEvent]]) -> _Parts:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
+    untimed = 0
     with gc_paused():
         for events in chunks:
-            _split(events, parts, inputs, open_ended)
+            untimed += _split(events, parts, inputs, open_ended)
             del events  # one piece's structs at a time
         unclosed = 0
         if open_ended:
             complete, unclosed = pair_begin_end(open_ended)
             _split(complete, parts, inputs, [])
-    return parts, inputs, unclosed
+    return parts, inputs, unclosed, untimed
 
 
 @contextlib.contextmanager
@@ -236,7 +239,8 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame], unclosed: int = 0) -> Tables:
+def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame], unclosed: int = 0,
+              untimed: int = 0) -> Tables:
     tables = {}
     odd = 0
     for kind in KINDS:  # one kind's pieces at a time: joining all at once would hold every table twice
@@ -248,7 +252,7 @@ def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame], 
     return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
                   flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
                   python=tables["python"].drop("idx"), op_args=OpInputs(op_inputs), odd_durations=odd,
-                  unclosed=unclosed)
+                  unclosed=unclosed, untimed=untimed)
 
 
 def split_trace(raw: RawTrace) -> Tables:
@@ -299,7 +303,8 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
     return _assemble(*done)
 
 
-_PieceParts = tuple[list[pl.DataFrame], pl.DataFrame, list[Event]]  # a frame per kind, op inputs, open events
+# A frame per kind, op inputs, open events, events left out for want of a time.
+_PieceParts = tuple[list[pl.DataFrame], pl.DataFrame, list[Event], int]
 
 
 # The pool's threads move pieces and results through pipes 64 KiB at a time, taking the GIL for each: at the
@@ -324,9 +329,10 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         if result is None:
             return False
         frames, piece_inputs, open_json, counted = result
+        *piece_counts, untimed = counted
         done[i] = ([pl.read_ipc(io.BytesIO(blob)) for blob in frames], pl.read_ipc(io.BytesIO(piece_inputs)),
-                   msgspec.json.decode(open_json, type=list[Begin | End]) if open_json else [])
-        raw.count_piece(*counted)
+                   msgspec.json.decode(open_json, type=list[Begin | End]) if open_json else [], untimed)
+        raw.count_piece(*piece_counts)
         return True
 
     with gc_paused():
@@ -367,7 +373,9 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
-    for frames, piece_inputs, piece_open in filter(None, done):
+    untimed = 0
+    for frames, piece_inputs, piece_open, piece_untimed in filter(None, done):
+        untimed += piece_untimed
         for kind, frame in zip(KINDS, frames, strict=True):
             parts[kind].append(frame)
         inputs.append(piece_inputs)
@@ -376,18 +384,18 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
     if open_ended:
         complete, unclosed = pair_begin_end(open_ended)
         _split(complete, parts, inputs, [])
-    return parts, inputs, unclosed
+    return parts, inputs, unclosed, untimed
 
 
 def _piece_parts(events: list[TraceEvent]) -> _PieceParts:
     parts: dict[str, list[pl.DataFrame]] = {kind: [] for kind in KINDS}
     inputs: list[pl.DataFrame] = []
     open_ended: list[Event] = []
-    _split(events, parts, inputs, open_ended)
-    return [parts[kind][0] for kind in KINDS], inputs[0], open_ended
+    untimed = _split(events, parts, inputs, open_ended)
+    return [parts[kind][0] for kind in KINDS], inputs[0], open_ended, untimed
 
 
-_PieceTables = tuple[list[bytes], bytes, bytes, tuple[int, int, int]]
+_PieceTables = tuple[list[bytes], bytes, bytes, tuple[int, int, int, int]]
 
 
 def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | None:
@@ -405,11 +413,11 @@ def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | Non
     except msgspec.DecodeError:
         return None
     del piece
-    frames, inputs, open_ended = _piece_parts(events)
+    frames, inputs, open_ended, untimed = _piece_parts(events)
     del events
     return ([_ipc(frame) for frame in frames], _ipc(inputs),
             msgspec.json.encode(open_ended) if open_ended else b"",
-            (raw.seen_events, raw.dropped_events, raw.unphased_events))
+            (raw.seen_events, raw.dropped_events, raw.unphased_events, untimed))
 
 
 def _read_span(path: str, lo: int, hi: int) -> bytearray | None:
@@ -489,9 +497,10 @@ def pair_begin_end(events: list[Event]) -> tuple[list[Event], int]:
 
 
 def _split(events: list[TraceEvent], parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame],
-           open_ended: list[Event]) -> None:
-    """Turn one piece of the event list into a table per kind, appended to `parts`."""
-    groups = _group(events)
+           open_ended: list[Event]) -> int:
+    """Turn one piece of the event list into a table per kind, appended to `parts`; the number of its events
+    left out for want of a time."""
+    groups, untimed = _group(events)
     open_ended.extend(groups["open"])
     ops = groups["ops"]
     inputs.append(_inputs(ops))
@@ -513,6 +522,7 @@ def _split(events: list[TraceEvent], parts: dict[str, list[pl.DataFrame]], input
     }))
     parts["gpu_annotations"].append(pl.DataFrame(_columns(groups["gpu_annotations"], {})))
     parts["python"].append(pl.DataFrame(_columns(groups["python"], {})))
+    return untimed
 
 
 # The groups events go to, in the order _group sorts them; "skip" (memory, metadata, counters...) last.
@@ -538,7 +548,7 @@ class _PhaseCodes(dict[type, _CategoryCodes]):
         return codes
 
 
-def _group(events: list[TraceEvent]) -> dict[str, list[Event]]:
+def _group(events: list[TraceEvent]) -> tuple[dict[str, list[Event]], int]:
     """The events of each kind, in file order, by phase and category: complete events by their category,
     flows in the flow categories, begin/end pairs for pairing later; events without a time are left out.
     Step markers count as ops in any host category (PyTorch 1.8-1.10 wrote them as "Operator").
@@ -550,11 +560,15 @@ def _group(events: list[TraceEvent]) -> dict[str, list[Event]]:
     ordered = list(map(events.__getitem__, sorted(range(len(events)), key=codes.__getitem__)))
     groups: dict[str, list[Event]] = {}
     start = 0
+    untimed = 0
     for code, name in enumerate(_GROUP_NAMES[:-1]):
         group = ordered[start:start + counts[code]]
         start += counts[code]
         if None in map(attrgetter("ts"), group):
-            group = [e for e in group if e.ts is not None]
+            timed = [e for e in group if e.ts is not None]
+            if name != "other_host":  # (those no table reads anyway)
+                untimed += len(group) - len(timed)
+            group = timed
         groups[name] = group  # type: ignore[assignment]
     del ordered
     hosts = chain(groups["python"], groups.pop("other_host"))
@@ -563,7 +577,7 @@ def _group(events: list[TraceEvent]) -> dict[str, list[Event]]:
         groups["ops"] = [e for e, code in zip(events, codes, strict=True)  # type: ignore[misc]
                          if e.ts is not None and (code == ops or (code in hosts_codes
                                                                   and e.name.startswith(STEP_PREFIX)))]
-    return groups
+    return groups, untimed
 
 
 def _kind(phase: type, cat: str) -> str:
