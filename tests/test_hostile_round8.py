@@ -165,3 +165,18 @@ def test_events_without_a_time_are_said(tmp_path: Path, monkeypatch: pytest.Monk
     path = tmp_path / "nots.json"
     path.write_text(json.dumps(doc))
     assert f'{kernels} event(s) without a time ("ts") ignored' in load(str(path)).meta.notes
+
+
+def test_a_gpu_process_named_by_text_is_its_device(tmp_path: Path):
+    # GPU events with pid "GPU 0" and no args.device: the whole-trace figures read no device (GPU busy 0 ms,
+    # devices []) while the steps counted their time.
+    doc = _naive_doc()
+    for event in doc["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"):
+            event["pid"] = "GPU 0"
+            event.get("args", {}).pop("device", None)
+    path = tmp_path / "textpid.json"
+    path.write_text(json.dumps(doc))
+    trace, original = load(str(path)), load(sample("bf16_causal_fwd/naive"))
+    assert trace.devices == original.devices == [0]
+    assert trace.step_table["gpu_busy_us"].to_list() == original.step_table["gpu_busy_us"].to_list()

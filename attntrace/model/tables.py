@@ -462,7 +462,10 @@ def _derive(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
             pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
     if kind == "gpu":
         return frame.with_columns(
-            pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False)).alias("device"),
+            # The device from args, else from the pid: a number, or text naming one ("GPU 0", "cuda:1").
+            pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False),
+                        pl.col("pid").cast(pl.String).str.extract(r"^(?i:gpu|cuda|device)?[\s:#]*(\d{1,9})$", 1)
+                        .cast(pl.Int64, strict=False)).alias("device"),
             pl.coalesce("stream", pl.col("tid").cast(pl.Int64, strict=False)).alias("stream"),
         ).select(pl.exclude(volumes), pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
                  *volumes)
