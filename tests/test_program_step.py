@@ -3,6 +3,7 @@ and a replay that neither lengthens a step nor shortens it below its GPU work.""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import polars as pl
@@ -56,3 +57,7 @@ def test_the_replayed_step_lies_between_its_gpu_work_and_the_step_as_recorded(na
     span = float(windows["end"].max() - windows["ts"].min())
     gpu_end = float(trace.gpu_linked.filter(pl.col("step").is_in(windows["step"].implode()))["end"].max())
     assert table["est_step_us"].sum() <= max(span, gpu_end - float(windows["ts"].min())) + 1e-3
+    # Nor does the profiler's cost in a step exceed the CPU time from its start to the next step's.
+    starts = [*windows["ts"].to_list(), float(windows["end"].max())]
+    spans = dict(zip(windows["step"].to_list(), [b - a for a, b in pairwise(starts)], strict=True))
+    assert all(cost <= spans[step] + 1e-6 for step, cost in table.select("step", "profiler_cpu_us").iter_rows())

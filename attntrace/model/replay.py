@@ -478,13 +478,15 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         recorded = max(ends[i] - starts[i], gpu_busy)
         # Taking the profiler's cost away never lengthens a step: where the replay's placement comes out longer
         # (a latency or dependency it misreads), the step as recorded bounds it.
-        chained = max(starts[i + 1] if i + 1 < len(starts) else ends[-1], recorded_done.get(step, recorded_end),
-                      recorded_end)
+        cpu_span = (starts[i + 1] if i + 1 < len(starts) else ends[-1]) - starts[i]
+        chained = max(starts[i] + cpu_span, recorded_done.get(step, recorded_end), recorded_end)
         est = min(est, max(recorded, chained - recorded_end))
         recorded_end = chained
         rows.append({"step": step, "device": device, "recorded_us": recorded, "est_step_us": est,
                      "gpu_busy_us": gpu_busy, "est_idle_us": max(0.0, est - gpu_busy),
-                     "profiler_cpu_us": spent_before[i + 1] - spent_before[i]})
+                     # No more than the CPU time between this step's start and the next's: where the costs charge
+                     # more (another host, another profiler), the profiler cannot have spent it.
+                     "profiler_cpu_us": min(spent_before[i + 1] - spent_before[i], max(0.0, cpu_span))})
     return pl.DataFrame(rows, schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
                                       "est_step_us": pl.Float64, "gpu_busy_us": pl.Float64,
                                       "est_idle_us": pl.Float64, "profiler_cpu_us": pl.Float64})
