@@ -180,3 +180,26 @@ def test_a_gpu_process_named_by_text_is_its_device(tmp_path: Path):
     trace, original = load(str(path)), load(sample("bf16_causal_fwd/naive"))
     assert trace.devices == original.devices == [0]
     assert trace.step_table["gpu_busy_us"].to_list() == original.step_table["gpu_busy_us"].to_list()
+
+
+def test_malformed_and_unphased_events_give_the_same_notes_whole_and_in_pieces(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    # Each count put its note last when it grew: in pieces the order followed what the last piece held.
+    doc = _repeated(_naive_doc(), 4)
+    doc["traceEvents"].insert(0, {"name": "noph", "ts": 1})
+    doc["traceEvents"] += [{"ph": "X", "name": "bad", "ts": "x", "dur": 1}] * 2
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(doc))
+    whole = load(str(path)).meta.notes
+    cut_into_pieces_of(monkeypatch, 16 << 10)
+    assert load(str(path)).meta.notes == whole
+
+
+def test_zero_padding_between_gzip_members_goes_on_to_the_next(tmp_path: Path):
+    # A member, zero padding, a second member is gzip (Python's gzip reads both): it was refused.
+    packed = Path(sample("bf16_causal_fwd/naive")).read_bytes()
+    text = gzip.decompress(packed)
+    middle = len(text) // 2
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(text[:middle]) + b"\0" * 512 + gzip.compress(text[middle:]))
+    assert load(str(path)).ops.height == load(sample("bf16_causal_fwd/naive")).ops.height

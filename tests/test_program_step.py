@@ -4,11 +4,13 @@ and a replay that neither lengthens a step nor shortens it below its GPU work.""
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
 from conftest import sample
+from tracebuild import read_json, write_json
 
 from attntrace.engine import lint_trace
 from attntrace.loading import load
@@ -22,11 +24,12 @@ def _findings(path: str) -> list[dict[str, Any]]:
 def test_every_rule_shares_the_step_without_the_profiler(setting: str):
     # mlp_item_sync: 19.5 ms per step as recorded, ~14 ms replayed without the profiler (un-profiled: 10-12 ms).
     # AT201's 340 us saving was 2.0% of the recorded mean (info) in one capture and a warning in the others; over
-    # the program's step it is a warning in all three, and over the same step AT402 uses.
+    # the program's step it is a warning in all three.
     findings = _findings(sample(f"calibration/mlp_item_sync.{setting}"))
     by_rule = {f["rule"]: f for f in findings}
     assert by_rule["AT201"]["severity"] == "warning"
-    assert by_rule["AT201"]["impact"]["step_us"] == by_rule["AT402"]["impact"]["step_us"]
+    # The mean replayed step over every step (as AT201's per-step time is), beside AT402's median steady one.
+    assert by_rule["AT201"]["impact"]["step_us"] == pytest.approx(by_rule["AT402"]["impact"]["step_us"], rel=0.1)
     recorded = load(sample(f"calibration/mlp_item_sync.{setting}")).replay.per_device()["recorded_us"][0]
     assert by_rule["AT201"]["impact"]["step_us"] < 0.8 * recorded
 
@@ -61,3 +64,25 @@ def test_the_replayed_step_lies_between_its_gpu_work_and_the_step_as_recorded(na
     starts = [*windows["ts"].to_list(), float(windows["end"].max())]
     spans = dict(zip(windows["step"].to_list(), [b - a for a, b in pairwise(starts)], strict=True))
     assert all(cost <= spans[step] + 1e-6 for step, cost in table.select("step", "profiler_cpu_us").iter_rows())
+
+
+def test_a_slow_first_step_keeps_every_share_within_the_step(tmp_path: Path):
+    # The first step's kernels 30x as long (autotuning, cudnn.benchmark): the rules' per-step times hold it, and a
+    # denominator of the median steady step did not (AT102 at 501% of the step, AT201 at 338%).
+    doc = read_json(sample("fp32_causal_fwd/naive"))
+    events = doc["traceEvents"]
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    first, end = steps[0], steps[0]["ts"] + steps[0]["dur"]
+    launched = {e["args"].get("correlation") for e in events
+                if e.get("cat") == "cuda_runtime" and first["ts"] <= e["ts"] < end and e.get("args")}
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launched]
+    start = min(e["ts"] for e in kernels)
+    extra = 29 * sum(e["dur"] for e in kernels)
+    for event in events:
+        if event in kernels:
+            event["ts"], event["dur"] = start + (event["ts"] - start) * 30, event["dur"] * 30
+        elif event.get("ts", 0) >= (start if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") else end):
+            event["ts"] += extra  # later GPU work after the lengthened kernels, later CPU work after the step
+    first["dur"] += extra
+    findings = _findings(write_json(doc, tmp_path / "slow_first.json"))
+    assert findings and all(0 <= f["impact"]["share_of_step"] <= 1 for f in findings)

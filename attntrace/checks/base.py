@@ -65,16 +65,15 @@ class Context:
 
     @cached_property
     def step_us(self) -> float:
-        """The program's step, the denominator of every share of the step: the median steady step replayed
-        without the profiler's own cost (the slowest device's), else the median step as recorded. Not a mean of
-        the recorded steps: that held the profiler's cost and the slow first steps, so one rule's share differed
-        from AT402's on the same trace, and a verdict flipped between two captures of one program."""
+        """The program's step, the denominator of every share of the step: the mean step replayed without the
+        profiler's own cost (the slowest device's), else the mean step as recorded. Over every step, as the rules'
+        per-step times are (their sums over the steps, over the step count): a median of the steady steps left a
+        slow first step's time in the numerator alone (shares of 500%). Not the recorded steps where a replay
+        exists: they held the profiler's cost, and a verdict flipped between two captures of one program."""
         replayed = self.trace.replay
-        if not replayed.reason:
-            per_device = replayed.per_device()
-            if per_device.height:
-                return float(per_device["est_step_us"].max())
-        return float(self.steps["step_us"].median()) if self.steps.height else 0.0
+        if not replayed.reason and replayed.table.height:
+            return float(replayed.table.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())
+        return float(self.steps["step_us"].mean()) if self.steps.height else 0.0
 
     @cached_property
     def step_gpu_us(self) -> float:

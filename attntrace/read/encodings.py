@@ -46,16 +46,17 @@ def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool
                 raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
             pending = decomp.unconsumed_tail
             if decomp.eof and decomp.unused_data:
-                pending = decomp.unused_data
-                if not pending.startswith(b"\x1f\x8b"):
-                    # Zero padding (tape blocks) after the last member: gzip -d and Python's gzip ignore it.
-                    # Other bytes (a second file appended to this one) are refused as a plain file's trailing
-                    # characters are: gzip -d warns of them, Python's gzip refuses them.
-                    extra = len(pending) - len(bytes(pending).rstrip(b"\0"))
-                    if extra != len(pending) and not salvage:
-                        raise TraceError("bad-gzip", f"{len(pending) - extra} bytes after the gzip stream that are "
-                                         "not gzip (a file appended to it?)")
+                # Zero padding (tape blocks) between or after members is skipped, as gzip -d and Python's gzip
+                # do; another member then goes on. Other bytes (a second file appended to this one) are refused
+                # as a plain file's trailing characters are: gzip -d warns of them, Python's gzip refuses them.
+                pending = bytes(decomp.unused_data).lstrip(b"\0")
+                if not pending:
                     break
+                if not pending.startswith(b"\x1f\x8b"):
+                    if salvage:
+                        break
+                    raise TraceError("bad-gzip", f"{len(pending)} bytes after the gzip stream that are not gzip (a "
+                                     "file appended to it?)")
                 # A second gzip member follows (concatenated gzip files are valid gzip).
                 decomp = zlib.decompressobj(wbits=47)
     except zlib.error as exc:

@@ -29,6 +29,7 @@ DEFAULT_MAX_BYTES = default_max_bytes()  # decompressed size refused beyond this
 
 
 UNPHASED_NOTE = 'events without a phase ("ph") the Trace Event Format knows ignored'
+DROPPED_NOTE = "malformed events ignored"
 
 
 @dataclass
@@ -56,13 +57,20 @@ class RawTrace:
     def count_dropped(self, dropped: int) -> None:
         if dropped:
             self.dropped_events += dropped
-            self.notes[:] = [n for n in self.notes if not n.endswith("malformed events ignored")]
-            self.notes.append(f"{self.dropped_events} malformed events ignored")
+            self._counted_notes()
 
     def count_unphased(self, unphased: int) -> None:
         if unphased:
             self.unphased_events += unphased
-            self.notes[:] = [n for n in self.notes if not n.endswith(UNPHASED_NOTE)]
+            self._counted_notes()
+
+    def _counted_notes(self) -> None:
+        """The counts' notes last, in one order (malformed, then without a phase), however the pieces held them:
+        a document gives the same report decoded whole or in pieces."""
+        self.notes[:] = [n for n in self.notes if not n.endswith((DROPPED_NOTE, UNPHASED_NOTE))]
+        if self.dropped_events:
+            self.notes.append(f"{self.dropped_events} {DROPPED_NOTE}")
+        if self.unphased_events:
             self.notes.append(f"{self.unphased_events} {UNPHASED_NOTE}")
 
     def count_piece(self, seen: int, dropped: int, unphased: int) -> None:
