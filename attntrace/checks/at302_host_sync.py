@@ -8,12 +8,12 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, fmt_us
 from attntrace.model.intervals import merged_runs
-from attntrace.model.replay import BLOCKING_CALLS, SYNC_FLOOR_US
+from attntrace.model.replay import BLOCKING_CALLS, SYNC_FLOOR_US, Replay
 
 BLOCKING = sorted(BLOCKING_CALLS)
 
 
-def _held(ctx: Context, syncs: pl.DataFrame, replayed: Any) -> pl.DataFrame:
+def _held(ctx: Context, syncs: pl.DataFrame, replayed: Replay) -> pl.DataFrame:
     """How long each sync held the CPU (blocked_us): the op it ran in, whole (a `.item()` is
     `_local_scalar_dense`: a blocking copy, a synchronize, the op's own work), or the call alone outside any op;
     and the same without the profiler (held_est_us): less the costs the replay charges for that op and its

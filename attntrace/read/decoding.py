@@ -41,7 +41,7 @@ from attntrace.read.encodings import (
     replace_raw_surrogates,
     utf16_to_utf8,
 )
-from attntrace.read.raw import CHUNK_BYTES, Buffer, Pieces, RawTrace
+from attntrace.read.raw import CHUNK_BYTES, DROPPED_NOTE, UNPHASED_NOTE, Buffer, Pieces, RawTrace
 
 _EVENTS = msgspec.json.Decoder(list[AnyEvent])
 
@@ -334,7 +334,8 @@ def redecode(raw: RawTrace, pieces: Pieces) -> RawTrace:
     """The trace decoded again from its bytes as one document, keeping the notes made before it was cut. (Its
     tail parsed, so it is not cut off: nothing to salvage.)"""
     again = decode(raw.path, pieces.data, whole=True)
-    again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith("malformed events ignored")]
+    # The first attempt's counts are made again by this one: only its other notes carry over.
+    again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith((DROPPED_NOTE, UNPHASED_NOTE))]
     again.incomplete = again.incomplete or raw.incomplete
     return again
 
@@ -467,14 +468,15 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     except msgspec.ValidationError:
         doc = Document(traceEvents=[])
     doc.traceEvents = kept
-    notes = [f"{dropped} malformed events ignored"] if dropped else []
     unphased = sum(isinstance(event, Unphased) for event in kept)
     if unphased and unphased == len(kept) and isinstance(document, dict):
         raise TraceError("bad-trace", no_phase_problem(unphased))
-    raw = RawTrace(path, size, doc, dropped, notes)
+    raw = RawTrace(path, size, doc)
     if isinstance(document, list):
         _checked_list(raw)
-    raw.count_unphased(unphased)  # a bare list's too: its events without a phase are left out alike
+    # Counted as pieces count them (their notes in one order); a bare list's events without a phase too.
+    raw.count_dropped(dropped)
+    raw.count_unphased(unphased)
     return raw
 
 
