@@ -62,10 +62,17 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
         if reason:
             report.skipped.append({"trace": trace.path, "rule": rule_id, "reason": reason})
     mark_subsumed(report.findings)
-    # Each GPU microsecond counted once: what fixing every finding that no other fix includes would save.
+    # Each GPU microsecond counted once: what fixing every finding that no other fix includes would save. An idle
+    # the rule cannot call the program's (under its threshold without the profiler, or undetermined) promises
+    # nothing.
     info["impact_gpu_us_per_step"] = round(sum(f["impact"]["gpu_us_per_step"] for f in report.findings
-                                               if "subsumed_by" not in f), 3)
+                                               if "subsumed_by" not in f and not _promises_nothing(f)), 3)
     return report
+
+
+def _promises_nothing(finding: dict[str, Any]) -> bool:
+    """An AT402 whose idle is the profiler's beyond the threshold, or that cannot tell (info)."""
+    return bool(finding["evidence"].get("profiler_only") or finding["evidence"].get("undetermined"))
 
 
 def _json_safe(value: Any) -> Any:
@@ -95,11 +102,10 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     for the same device, whose fix names both (unless that AT402 found only the profiler's cost). (AT401 leaves
     out the kernels AT201 and AT202 own itself.)"""
     rules = {f["rule"] for f in findings}
-    # An AT402 that finds only the profiler's own cost (info, saving nothing), or cannot tell (info), is not a
+    # An AT402 that finds the idle under its threshold without the profiler (info), or cannot tell (info), is not a
     # cause a sync or a launch loop can be part of: nested under it, a real sync's warning would leave the verdict
     # and the exit code.
-    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402"
-                    and not f["evidence"].get("profiler_only") and not f["evidence"].get("undetermined")}
+    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402" and not _promises_nothing(f)}
     for f in findings:
         chain = f["where"].get("op_chain") or ""
         if "AT202" in rules and f["rule"] != "AT202" and (

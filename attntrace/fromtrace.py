@@ -19,7 +19,7 @@ PLAN_SCHEMA = 1
 MEASURED_KIND = "attntrace-from-trace"
 RUN_DTYPES = ("bf16", "fp16", "fp32")
 # Which findings a measured site answers, and how each finding names its cause: AT102 by its chain, AT202 by
-# its reason and chain, AT203 by its kernel.
+# its reason and chain, AT203 by its forward kernel (one finding holds the forward and backward kernels).
 MEASURED_RULES = ("AT102", "AT202", "AT203")
 
 
@@ -82,7 +82,7 @@ def plan(trace: Trace, variants: str = "all", causal: bool | None = None) -> dic
         entry["variants"], entry["not_measured"] = _variants(entry, variants)
         keys = {k for call in site.calls for k in call.keys}
         entry["findings"] = [{"rule": f["rule"], "fingerprint": f["fingerprint"],
-                              "share": _share(site, _finding_key(f))}
+                              "share": _share(site, f)}
                              for f in findings if _finding_key(f) in keys]
         out.append(entry)
     return {"schema_version": PLAN_SCHEMA, "trace": trace.path, "device": device or "cpu",
@@ -90,11 +90,12 @@ def plan(trace: Trace, variants: str = "all", causal: bool | None = None) -> dic
             "command": f"attntrace run --from-trace {shlex.quote(trace.path)}"}
 
 
-def _share(site: sites.Site, key: tuple[str, str]) -> float:
-    """The part of a site's GPU time a finding is about: all of it for a chain or a math-backend call, one
-    kernel's time for AT203 (its forward and backward kernels are separate findings)."""
-    if key[0] == "AT203" and site.gpu_us:
-        return round(site.kernels.get(key[1], 0.0) / site.gpu_us, 4)
+def _share(site: sites.Site, finding: dict[str, Any]) -> float:
+    """The part of a site's GPU time a finding is about: all of it for a chain or a math-backend call, the time
+    of AT203's fp32 kernels (forward and backward) that ran in the site."""
+    if finding["rule"] == "AT203" and site.gpu_us:
+        kernels = finding["evidence"].get("kernels_us_per_step") or {}
+        return round(sum(site.kernels.get(name, 0.0) for name in kernels) / site.gpu_us, 4)
     return 1.0
 
 

@@ -86,3 +86,13 @@ def test_a_slow_first_step_keeps_every_share_within_the_step(tmp_path: Path):
     first["dur"] += extra
     findings = _findings(write_json(doc, tmp_path / "slow_first.json"))
     assert findings and all(0 <= f["impact"]["share_of_step"] <= 1 for f in findings)
+
+
+def test_a_step_without_gpu_work_is_not_the_programs_pace():
+    # HTA's MI250 toy training trace: step 1 runs 9.1 ms with 149 us of GPU work, step 2 is a ProfilerStep around
+    # nothing (49 us). The steady filter (1.5x the shortest step) kept step 2 alone: the summary's step was 49 us
+    # with no GPU work, and AT302's 64 us of idle came out larger than that step.
+    replay = load(str(Path(__file__).parent / "data" / "hta_mi250_rocm6_2.json.gz")).replay
+    steady = replay.per_device()
+    assert steady["steps"].to_list() == [1]
+    assert steady["gpu_busy_us"][0] > 100 and steady["est_step_us"][0] > 9000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import pytest
 from conftest import sample
@@ -36,6 +37,12 @@ def test_at101_backward_also_clones():
     chains = sorted(f["where"]["op_chain"] for f in found("bf16_causal_fwdbwd/naive", "AT101"))
     assert chains[0] == "aten::masked_fill > aten::clone > aten::copy_"
     assert "MaskedFillBackward0" in chains[1]
+    # Both copies are the unfused chain's (the backward one by MaskedFillBackward0 cloning a tensor of the
+    # scores' size): fusing the chain removes them, so both are AT102's consequences. The backward one was a
+    # second top-level warning with a fix of its own.
+    copies = found("bf16_causal_fwdbwd/naive", "AT101")
+    assert all(f["evidence"]["in_unfused_attention"] for f in copies)
+    assert all(f.get("subsumed_by") == "AT102" for f in copies)
 
 
 @pytest.mark.parametrize("name", ["bf16_gqa_fwd/naive_inplace", "bf16_gqa_fwd/sdpa_repeat_kv",
@@ -164,6 +171,19 @@ def test_at201_pre_ampere_suggests_fp16_not_tf32(corpus_files):
     trace = load(str(next(p for p in corpus_files if "V100" in p.name or "ns_resolution" in p.name)))
     findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
     assert findings and all("float16" in f["fix"] and "no TF32" in f["fix"] for f in findings)
+
+
+def test_at201_one_finding_for_fp32_gemms_with_and_without_input_types_on_a_gpu_without_tf32():
+    # HTA's compiled V100 training step: 219 fp32 GEMMs per step whose ops record float inputs and 74 whose ops
+    # record no types came out as two warnings with one fix, the first saying "fp32 inputs with TF32 off" on a
+    # GPU that has no TF32.
+    trace = load(str(Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"))
+    (f,) = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
+    assert f["evidence"]["cause"] == "fp32-inputs" and f["evidence"]["gemms_per_step"] == pytest.approx(293)
+    assert "TF32 off" not in f["message"] and "this GPU has no TF32" in f["message"]
+    assert "no TF32" in f["fix"]
+    # On an H200 (TF32 there, off by default) the reason names the switch.
+    assert "fp32 inputs with TF32 off" in found("fp32_causal_fwd/naive", "AT201")[0]["message"]
 
 
 def test_at201_amd_matrix_core_gemms_are_not_cuda_core(corpus_files):

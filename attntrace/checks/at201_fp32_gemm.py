@@ -31,7 +31,7 @@ PRE_AMPERE_FIX = ("This GPU has no TF32 (compute capability < 8.0): its tensor c
                   "for training.")
 
 
-def _cause(ctx: Context, op: int | None, math_dtype: str | None) -> tuple[str, str]:
+def _cause(ctx: Context, op: int | None, math_dtype: str | None, no_tf32: bool) -> tuple[str, str]:
     ancestors = ctx.trace.op_ancestors(op)
     names = ctx.trace.op_names
     chain = [names[i] for i in ancestors]
@@ -48,10 +48,11 @@ def _cause(ctx: Context, op: int | None, math_dtype: str | None) -> tuple[str, s
             if low:
                 dtype = low[0].removeprefix("c10::")
                 return "sdpa-math-upcast", f"the SDPA math backend upcast {dtype} q/k/v to fp32"
-            return "fp32-inputs", "SDPA math ran on fp32 inputs with TF32 off"
+            return "fp32-inputs", ("SDPA math ran on fp32 inputs" if no_tf32 else
+                                   "SDPA math ran on fp32 inputs with TF32 off")
     types = ctx.op_types(op)
     if types and all(t in ("float", "Scalar", "") for t in types):
-        return "fp32-inputs", "fp32 inputs with TF32 off"
+        return "fp32-inputs", ("fp32 inputs (this GPU has no TF32)" if no_tf32 else "fp32 inputs with TF32 off")
     return "unknown", "fp32 GEMM (the inputs' types are not in the trace)"
 
 
@@ -76,11 +77,16 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     reasons: dict[str, set[str]] = {}
     math_dtype = _math_upcast_dtype(ctx) if gemms.height else None
     for row in gemms.iter_rows(named=True):
-        cause, why = _cause(ctx, row["op"], math_dtype)
+        cause, why = _cause(ctx, row["op"], math_dtype, _pre_ampere(ctx, row["device"]))
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
         # One cause with one fix is one finding, however many layers' op chains show it: the chains go inside.
         groups.setdefault(cause, []).append({**row, "chain": chain})
         reasons.setdefault(cause, set()).add(why)
+    # GEMMs whose input types the trace lacks, beside fp32 ones it shows, are the same cause with the same fix: one
+    # finding (two warnings with one fix were one cause counted twice).
+    if "unknown" in groups and "fp32-inputs" in groups:
+        groups["fp32-inputs"].extend(groups.pop("unknown"))
+        reasons["fp32-inputs"] |= reasons.pop("unknown")
     # Shares of compute: the GEMMs compete with compute, not with communication running beside it.
     compute_us = ctx.step_compute_us or ctx.step_gpu_us
     speedup = ctx.params["expected_speedup"]

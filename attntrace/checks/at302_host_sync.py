@@ -19,7 +19,11 @@ def _held(ctx: Context, syncs: pl.DataFrame, replayed: Replay) -> pl.DataFrame:
     and the same without the profiler (held_est_us): less the costs the replay charges for that op and its
     runtime calls, no less than SYNC_FLOOR_US. Removing the sync saves the CPU that time, and the GPU no more of
     its idle after the sync: the CPU work before the next launch stays."""
-    ops = ctx.trace.ops.select(pl.col("idx").cast(pl.Int64).alias("op"), pl.col("dur").alias("op_us"))
+    # Ops, not annotations: a torch.cuda.synchronize() called in a `record_function` block (a benchmark's
+    # "[param|...|forward]", DistributedDataParallel.forward) has the block as its innermost event, and the
+    # block's 100 ms are no time the sync held.
+    ops = ctx.trace.ops.filter(pl.col("cat") == "cpu_op").select(pl.col("idx").cast(pl.Int64).alias("op"),
+                                                                  pl.col("dur").alias("op_us"))
     calls = ctx.trace.launches_linked.filter(pl.col("op").is_not_null()).group_by("op").len("op_calls")
     costs = replayed.costs
     op_cost = costs.op_cost(replayed.settings) if costs is not None else 0.0

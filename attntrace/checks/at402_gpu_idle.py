@@ -189,13 +189,17 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
                    f"±{100 * COMPILED_WITH_STACK_COST_ERROR:.0f}%")
         fix = UNDETERMINED_FIX
     elif profiler_only:
+        threshold = ctx.params["min_idle_share"]
+        # 29.6% is not "30%, under the 30%".
+        left = f"{100 * est_share:.0f}" if round(100 * est_share) < round(100 * threshold) else f"{100 * est_share:.1f}"
         message = (f"the GPU looks idle {100 * rec_share:.0f}% of the step as recorded ({fmt_ms(rec_idle)} of "
-                   f"{fmt_ms(rec_span)}), but only ~{100 * est_share:.0f}% without the profiler (estimated: "
-                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}): {cost}. The recorded idle is mostly the "
-                   "profiler's own cost, not the program's")
-        fix = ("Nothing to fix in the program for this: time it without the profiler to confirm, or record with "
-               "fewer settings (record_shapes and with_stack cost the most); lint with your machine's costs "
-               "(`attntrace run --calibrate-profiler`).")
+                   f"{fmt_ms(rec_span)}), ~{left}% without the profiler (estimated: "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), under the {100 * threshold:.0f}% this rule warns "
+                   f"at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
+        fix = (f"Time the step without the profiler to confirm: the estimate leaves ~{left}% idle, "
+               "under the threshold, in the gaps named in the evidence. To see the program's own idle in a trace, "
+               "record with fewer settings (record_shapes and with_stack cost the most); lint with your "
+               "machine's costs (`attntrace run --calibrate-profiler`).")
     else:
         message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler (estimated: "
                    f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
@@ -214,9 +218,9 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
                   "profiler_settings": settings, "largest_recorded_gaps": largest,
                   "profiler_only": profiler_only, "undetermined": share_range is not None,
                   "est_idle_share_range": list(share_range) if share_range is not None else None},
-        # The profiler's own idle saves nothing; one the trace cannot tell keeps its central estimate, beside the
-        # range in the message, as info: it promises nothing.
-        gpu_us_per_step=0.0 if profiler_only else est_idle,
+        # Info below the threshold (the rest of the recorded idle is the profiler's), or one the trace cannot tell
+        # (the central estimate, beside the range in the message): the idle the estimate leaves, promising nothing.
+        gpu_us_per_step=est_idle,
         saving=IDLE_REMOVED,
         assumption=("estimated without the profiler's cost (attntrace/profiler_cost.toml); the idle goes if the "
                     "CPU keeps the GPU fed" + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None

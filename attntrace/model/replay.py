@@ -144,11 +144,17 @@ class Replay:
 
     @property
     def steady(self) -> pl.DataFrame:
-        """The steps that ran at the device's steady pace: at most STEADY_RATIO times the shortest recorded step.
+        """The steps that ran at the device's steady pace: at most STEADY_RATIO times the shortest recorded step
+        that ran GPU work, and only steps that ran some where any did.
         The profiler's first active steps run slow (seen on an H200, one SDPA call per step: 6.7, 1.6, 0.8, 0.3,
         0.14 ms), and a verdict must not flip between two captures of one program because of them."""
-        shortest = pl.col("recorded_us").min().over("device")
-        return self.table.filter(pl.col("recorded_us") <= STEADY_RATIO * shortest)
+        # The shortest step that ran GPU work: a step with none (a trailing ProfilerStep around nothing, 49 us of a
+        # 9 ms loop) is no pace of the program, and it alone was kept.
+        working = pl.col("gpu_busy_us") > 0
+        shortest = pl.coalesce(pl.when(working).then(pl.col("recorded_us")).min().over("device"),
+                               pl.col("recorded_us").min().over("device"))
+        return self.table.filter((pl.col("recorded_us") <= STEADY_RATIO * shortest)
+                                 & (working | ~working.any().over("device")))
 
     def per_device(self) -> pl.DataFrame:
         """Medians over the steady steps, per device (a step's numbers are the median steady step's, not a mean
@@ -459,6 +465,20 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
                if first_own is not None else None)
     previous_end = cpu_new[0]
     backlog_us = max(0.0, float(backlog) - cpu_new[0]) if backlog is not None else 0.0
+    # The same backlog as recorded: the recorded chain of step ends leaves it out too, or a first step behind the
+    # warm-up's queue was bounded by the queue (2.0 ms replayed for a 1.2 ms step).
+    first_recorded = recorded_work.filter(pl.col("step").is_not_null())["ts"].min()
+    recorded_backlog = (recorded_work.filter(pl.col("step").is_null() & (pl.col("ts") <= first_recorded))["end"].max()
+                        if first_recorded is not None else None)
+    recorded_backlog_us = max(0.0, float(recorded_backlog) - starts[0]) if recorded_backlog is not None else 0.0
+    # Work queued before the profiler started is in no trace: the first step's first kernel then starts long after
+    # its launch with the GPU idle as recorded (one SDPA call began 784 us after its launch, behind the warm-up's
+    # kernels). That wait is the backlog's, not the step's.
+    first_work = recorded_work.filter(pl.col("step") == numbers[0]).sort("ts").head(1)
+    if first_work.height and first_work["launch_ts"][0] is not None:
+        began, launched = float(first_work["ts"][0]), max(float(first_work["launch_ts"][0]), starts[0])
+        if not recorded_work.filter((pl.col("end") > launched) & (pl.col("ts") < began)).height:
+            recorded_backlog_us = max(recorded_backlog_us, began - launched)
     # The same chain of step ends on the recorded times: what the replay gives with no cost taken away, and so
     # the most a step can last once the profiler's cost is gone.
     recorded_end = starts[0]
@@ -479,7 +499,7 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         # Taking the profiler's cost away never lengthens a step: where the replay's placement comes out longer
         # (a latency or dependency it misreads), the step as recorded bounds it.
         cpu_span = (starts[i + 1] if i + 1 < len(starts) else ends[-1]) - starts[i]
-        chained = max(starts[i] + cpu_span, recorded_done.get(step, recorded_end), recorded_end)
+        chained = max(starts[i] + cpu_span, recorded_done.get(step, recorded_end) - recorded_backlog_us, recorded_end)
         est = min(est, max(recorded, chained - recorded_end))
         recorded_end = chained
         rows.append({"step": step, "device": device, "recorded_us": recorded, "est_step_us": est,
