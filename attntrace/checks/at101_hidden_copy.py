@@ -174,7 +174,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                             | (pl.col("cls") == "copy"))
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     ctx.trace.prefetch_inputs(copies["op"].to_list())
-    needed = ["op", "kind", "name", "dur", "device", "launch_api", "bytes", "step"]
+    needed = ["op", "kind", "name", "dur", "device", "launch_api", "launch_pid", "bytes", "step"]
     copies = copies.select([c for c in needed if c in copies.columns])
     for row in copies.iter_rows(named=True):
         chain, asked_by = culprit(ctx, row["op"])
@@ -193,7 +193,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         largest = max(sizes) if sizes else None
         if largest is not None and largest < ctx.params["min_bytes"]:
             continue
-        us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
+        steps = ctx.steps_in(r.get("launch_pid") for r in rows)
+        us_per_step = sum(r["dur"] for r in rows) / steps
         if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
             continue
         names = chain.split(" > ")
@@ -205,7 +206,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else in_backward or (
             GQA_FIX if _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
             else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX))
-        count = len(rows) / ctx.step_count
+        count = len(rows) / steps
         # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the
         # largest beside it, and bytes per step from the copies whose size is known, scaled to all of them.
         per_copy = sum(sizes) / len(sizes) if sizes else None
@@ -219,7 +220,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=rows[0]["op"],
             key=f"{chain}|{kind}",
             device=rows[0]["device"],
-            message=(f"{asked_by} makes {ctx.per_step(len(rows), f'hidden {kind}')} of {size} "
+            message=(f"{asked_by} makes {ctx.per_step(len(rows), f'hidden {kind}', steps=steps)} of {size} "
                      f"({fmt_us(us_per_step)} GPU {ctx.each_step}) via {chain}"),
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_in(rows)},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,

@@ -192,7 +192,8 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
         launched = ctx.gpu_under({o for _, _, chain in hits for o in chain[1:-1]})
         if not launched.height:
             continue
-        us_per_step = float(launched["dur"].sum()) / ctx.step_count
+        steps = ctx.steps_of_ops(op for op, _, _ in hits)
+        us_per_step = float(launched["dur"].sum()) / steps
         softmax_us = float(ctx.gpu_under({op for op, _, _ in hits})["dur"].sum()) / len(hits)
         estimated = (softmax_us * 1e-6 * peaks["hbm_tbs"] * 1e12 / 2 if peaks and peaks.get("hbm_tbs") else None)
         size = (f"an S x S score tensor (size estimated: the trace has no shapes; the softmax kernel's time bounds "
@@ -201,11 +202,12 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=hits[0][0],
             key=_stable_key(pattern),
-            message=(f"unfused attention materialises {size} {ctx.per_step(len(hits), 'time')} via {pattern}: "
+            message=(f"unfused attention materialises {size} {ctx.per_step(len(hits), 'time', steps=steps)} "
+                     f"via {pattern}: "
                      f"{fmt_us(us_per_step)} of GPU time {ctx.each_step} in the elementwise and softmax kernels "
                      "between its two matmuls"),
             where={"op_chain": pattern, "kernel": None, "steps": sorted({s for _, s, _ in hits})},
-            evidence={"calls_per_step": len(hits) / ctx.step_count, "gpu_us_per_step": us_per_step,
+            evidence={"calls_per_step": len(hits) / steps, "gpu_us_per_step": us_per_step,
                       "score_bytes_at_most": estimated, "shapes": False,
                       "causal_mask_in_trace": _causal_mask_shown(ctx, hits[0][2], sequence, position)},
             gpu_us_per_step=us_per_step,
@@ -221,7 +223,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     groups, sequence, position = unfused_chains(ctx, ctx.params["min_seq"])
     findings = []
     for pattern, hits in sorted(groups.items()):
-        per_step = len(hits) / ctx.step_count
+        steps = ctx.steps_of_ops(hit[0] for hit in hits)
+        per_step = len(hits) / steps
         score_bytes = hits[0][4]
         # Each op between the two matmuls that launches GPU work reads and writes the S x S tensor once
         # (views such as slices launch none), once more for a copy it makes; the first matmul writes the
@@ -231,7 +234,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         copies = launched.group_by("under").agg((pl.col("kind") == "memcpy").any().alias("copies"))["copies"]
         passes = 2 + sum(2 + 2 * copied for copied in copies.to_list()) / len(hits)
         moved = passes * score_bytes * per_step
-        us_per_step = gpu_us / ctx.step_count
+        us_per_step = gpu_us / steps
         side = hits[0][3]
         first = _operands(ctx, hits[0][2][0])
         head_dim = first[0][-1] if first and isinstance(first[0], list) and first[0] else None
@@ -241,7 +244,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=hits[0][0],
             key=_stable_key(pattern),
             message=(f"unfused attention materialises a {side}x{side} score tensor ({fmt_bytes(score_bytes)}) "
-                     f"{ctx.per_step(len(hits), 'time')} via {pattern}: about {fmt_bytes(moved)} of memory traffic "
+                     f"{ctx.per_step(len(hits), 'time', steps=steps)} via {pattern}: about {fmt_bytes(moved)} of "
+                     "memory traffic "
                      f"{ctx.each_step} "
                      f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"
                      + (f"; head dim {head_dim} is above what flash and cuDNN take ({FUSED_MAX_HEAD_DIM}), so a "

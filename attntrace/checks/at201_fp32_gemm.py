@@ -93,7 +93,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     findings = []
     for cause, rows in sorted(groups.items()):
         chains = sorted({r["chain"] for r in rows}, key=lambda c: (-sum(r["chain"] == c for r in rows), c))
-        us_per_step = sum(r["dur"] for r in rows) / ctx.step_count
+        steps = ctx.steps_in(r["launch_pid"] for r in rows)
+        us_per_step = sum(r["dur"] for r in rows) / steps
         share = us_per_step / compute_us if compute_us else 0.0
         if share < ctx.params["min_share"]:
             continue
@@ -104,11 +105,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         findings.append(ctx.finding(
             op=rows[0]["op"],
             key=cause,
-            message=(f"{ctx.per_step(len(rows), 'FP32 GEMM')} on CUDA cores{where_from}, not tensor cores: {why}: "
+            message=(f"{ctx.per_step(len(rows), 'FP32 GEMM', steps=steps)} on CUDA cores{where_from}, not tensor "
+                     f"cores: {why}: "
                      f"{fmt_ms(us_per_step)} GPU {ctx.each_step} ({100 * share:.0f}% of compute); tensor cores "
                      f"would save ~{fmt_ms(saved)} if {speedup:g}x faster"),
             where={"op_chain": chains[0], "kernel": kernels[0], "steps": steps_in(rows)},
-            evidence={"cause": cause, "gemms_per_step": len(rows) / ctx.step_count, "kernels": kernels[:20],
+            evidence={"cause": cause, "gemms_per_step": len(rows) / steps, "kernels": kernels[:20],
                       "op_chains": chains[:20], "op_chain_count": len(chains),
                       "gpu_us_per_step": us_per_step, "share_of_compute": share, "compute_us_per_step": compute_us,
                       "share_of_step_gpu": ctx.share_of_gpu(us_per_step), "assumed_tensor_core_speedup": speedup},

@@ -133,13 +133,14 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     findings = []
     for (reason, sentence, chain), hits in sorted(groups.items()):
         rows = ctx.gpu_under({op for op, _ in hits})
-        us_per_step = float(rows["dur"].sum()) / ctx.step_count
-        per_step = len(hits) / ctx.step_count
+        steps = ctx.steps_of_ops(op for op, _ in hits)
+        us_per_step = float(rows["dur"].sum()) / steps
+        per_step = len(hits) / steps
         speedup = ctx.params["expected_speedup"]
         findings.append(ctx.finding(
             op=hits[0][0],
             key=f"{reason}|{chain}",
-            message=(f"SDPA ran the math backend: {ctx.per_step(len(hits), 'call')} "
+            message=(f"SDPA ran the math backend: {ctx.per_step(len(hits), 'call', steps=steps)} "
                      f"({rows.height / len(hits):.0f} kernels per call, {fmt_us(us_per_step)} GPU {ctx.each_step}): "
                      f"{sentence}"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({s for _, s in hits})},

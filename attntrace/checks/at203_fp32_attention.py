@@ -19,11 +19,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     kernels = ctx.gpu.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(FP32_FUSED))
     if not kernels.height:
         return []
-    us_per_step = float(kernels["dur"].sum()) / ctx.step_count
+    steps = ctx.steps_in(kernels["launch_pid"].to_list())
+    us_per_step = float(kernels["dur"].sum()) / steps
     share = ctx.share_of_gpu(us_per_step)
     if share < ctx.params["min_share"]:
         return []
-    by_name = {name: float(rows["dur"].sum()) / ctx.step_count
+    by_name = {name: float(rows["dur"].sum()) / steps
                for (name,), rows in sorted(kernels.group_by(["name"]), key=lambda g: g[0][0])}
     forward = sum(us for name, us in by_name.items() if "cutlassF" in name)
     backward = us_per_step - forward
@@ -38,7 +39,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                  f"{100 * share:.0f}% {ctx.of_step_gpu}); in bf16/fp16 it would save about {fmt_us(gain)}"),
         where={"op_chain": " > ".join(ctx.trace.op_chain(first["op"])) or None, "kernel": first["name"],
                "steps": steps_of(kernels)},
-        evidence={"kernels_per_step": kernels.height / ctx.step_count, "gpu_us_per_step": us_per_step,
+        evidence={"kernels_per_step": kernels.height / steps, "gpu_us_per_step": us_per_step,
                   "forward_us_per_step": forward, "backward_us_per_step": backward,
                   "kernels_us_per_step": by_name, "share_of_step_gpu": share,
                   "assumed_bf16_speedup": ctx.params["expected_speedup"]},

@@ -42,7 +42,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         sdpa_math = "_scaled_dot_product_attention_math" in caller
         # Without steps, a mask built once per call is still rebuilt: by the SDPA math backend on every call,
         # or by user code that the trace shows calling it more than once.
-        rebuilt = (len(steps_hit) == ctx.step_count if ctx.trace.has_step_markers else sdpa_math or len(hits) > 1)
+        steps = ctx.steps_of_ops(op for op, _, _ in hits)
+        # Every step of every process it ran in (two ranks number their steps alike).
+        pids = ctx.trace.op_pids
+        rebuilt = (len({(pids[op], s) for op, s, _ in hits}) == steps if ctx.trace.has_step_markers
+                   else sdpa_math or len(hits) > 1)
         if not rebuilt:
             continue
         # The whole construction: the triangle op and its mask-building siblings under the same caller.
@@ -52,16 +56,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         gpu_us, kernels = float(launched["dur"].sum()), launched.height
         side = hits[0][2]
         built = sorted({names[i] for i in builders})
-        us_per_step = gpu_us / ctx.step_count
+        us_per_step = gpu_us / steps
         findings.append(ctx.finding(
             op=hits[0][0],
             key=caller,
-            message=(f"a {side}x{side} causal mask is built {ctx.per_step(len(hits), 'time')} under {caller} "
-                     f"({', '.join(built)}; {ctx.per_step(kernels, 'kernel')}, {fmt_us(us_per_step)} GPU per "
+            message=(f"a {side}x{side} causal mask is built {ctx.per_step(len(hits), 'time', steps=steps)} under "
+                     f"{caller} ({', '.join(built)}; {ctx.per_step(kernels, 'kernel', steps=steps)}, "
+                     f"{fmt_us(us_per_step)} GPU per "
                      f"{'step' if ctx.trace.has_step_markers else 'trace'})"),
             where={"op_chain": f"{caller} > {names[hits[0][0]]}", "kernel": None, "steps": steps_hit},
-            evidence={"mask_shape": [side, side], "builds_per_step": len(hits) / ctx.step_count,
-                      "ops": built, "kernels_per_step": kernels / ctx.step_count, "gpu_us_per_step": us_per_step,
+            evidence={"mask_shape": [side, side], "builds_per_step": len(hits) / steps,
+                      "ops": built, "kernels_per_step": kernels / steps, "gpu_us_per_step": us_per_step,
                       "sdpa_math_backend": "aten::_scaled_dot_product_attention_math" in caller},
             gpu_us_per_step=us_per_step,
             fix=("SDPA's math backend builds this mask on every call: let SDPA use a fused backend "

@@ -139,9 +139,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         groups.setdefault(chain, []).append(row)
     findings = []
     for chain, rows in sorted(groups.items()):
-        per_step = len(rows) / ctx.step_count
-        recorded_per_step = sum(r["recorded_idle_us"] or 0.0 for r in rows) / ctx.step_count
-        idle_per_step = min(sum(r["idle_us"] or 0.0 for r in rows) / ctx.step_count, recorded_per_step)
+        steps = ctx.steps_in(r["pid"] for r in rows)
+        per_step = len(rows) / steps
+        recorded_per_step = sum(r["recorded_idle_us"] or 0.0 for r in rows) / steps
+        idle_per_step = min(sum(r["idle_us"] or 0.0 for r in rows) / steps, recorded_per_step)
         if idle_per_step < ctx.params["min_idle_us"]:
             continue
         step_us = est_step.get(rows[0]["device"]) or ctx.step_us
@@ -161,11 +162,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             op=rows[0]["op"],
             key=chain,
             device=rows[0]["device"],
-            message=(f"{ctx.per_step(len(rows), 'host sync')} from {cause}, via {chain} ({', '.join(apis)}); the "
+            message=(f"{ctx.per_step(len(rows), 'host sync', steps=steps)} from {cause}, via {chain} "
+                     f"({', '.join(apis)}); the "
                      f"GPU then idles {measured} waiting for the next launch"),
             where={"op_chain": chain, "kernel": None, "steps": sorted({r["step"] for r in rows})},
             evidence={"syncs_per_step": per_step, "apis": apis, "cpu_wait_us_per_step":
-                      sum(r["dur"] for r in rows) / ctx.step_count, "gpu_idle_us_after_each":
+                      sum(r["dur"] for r in rows) / steps, "gpu_idle_us_after_each":
                       [r["idle_us"] for r in sorted(rows, key=lambda r: r["ts"])],
                       "gpu_idle_us_per_step": idle_per_step, "recorded_gpu_idle_us_per_step": recorded_per_step,
                       "without_profiler": bool(by_replay)},

@@ -54,7 +54,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         .sort(["us", "name", "cls", "device", *CONFIG], descending=[True] + [False] * (3 + len(CONFIG))))
     findings = []
     for k in per_kernel.iter_rows(named=True):
-        us_per_step = k["us"] / ctx.step_count
+        us_per_step = k["us"] / ctx.steps_of_ops(k["ops"])
         share = ctx.share_of_gpu(us_per_step)
         if share < ctx.params["min_share"] or us_per_step < ctx.params["min_gpu_us"]:
             continue

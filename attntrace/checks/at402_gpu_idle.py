@@ -177,9 +177,11 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
     settings = ctx.trace.replay.settings
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
+    # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
+    events = ctx.trace.replay.events_by_device.get(device, ctx.trace.replay.events_per_step)
     cost = (f"{_settings_text(settings)} cost ~{fmt_ms(profiler_us)} of CPU per step "
-            f"({ctx.trace.replay.events_per_step.get('cpu_ops', 0):.0f} ops, "
-            f"{ctx.trace.replay.events_per_step.get('runtime_calls', 0):.0f} runtime calls per step recorded)")
+            f"({events.get('cpu_ops', 0):.0f} ops, {events.get('runtime_calls', 0):.0f} runtime calls per step "
+            "recorded)")
     if share_range is not None:
         message = (f"cannot tell how idle the GPU is without the profiler: ~{100 * share_range[0]:.0f}% to "
                    f"~{100 * share_range[1]:.0f}% of the step (estimated ~{100 * est_share:.0f}%: {fmt_ms(est_idle)} "

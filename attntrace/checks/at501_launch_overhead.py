@@ -28,11 +28,15 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     # Typical launch cost = launches x the step's median launch time, less the profiler's share of each call: one
     # launch that loads a CUDA module lazily can take seconds and would otherwise make a GPU-bound step look
     # launch-bound.
+    # Per step of each process (merged ranks number their steps alike), joined to the device that process drives.
+    owner = pl.DataFrame({"device": list(ctx.trace.device_process), "pid": list(ctx.trace.device_process.values())},
+                         schema={"device": pl.Int64, "pid": pl.String})
     typical = (ctx.trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_not_null())
-               .group_by("step").agg(pl.col("dur").median().alias("median_launch_us"),
-                                     (pl.len() * pl.col("dur").median()).alias("recorded_launch_us")))
+               .group_by("step", pl.col("pid").cast(pl.String))
+               .agg(pl.col("dur").median().alias("median_launch_us"),
+                    (pl.len() * pl.col("dur").median()).alias("recorded_launch_us")))
     steps = (steps.join(steady, on=["step", "device"], how="inner", nulls_equal=True)
-             .join(typical, on="step", how="left")
+             .join(owner, on="device", how="left").join(typical, on=["step", "pid"], how="left").drop("pid")
              .with_columns(pl.col("median_launch_us", "recorded_launch_us").fill_null(0.0))
              .with_columns((pl.col("launches") * (pl.col("median_launch_us") - costs.runtime_call_us)
                             .clip(lower_bound=1.0)).alias("typical_launch_us")))

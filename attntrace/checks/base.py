@@ -60,8 +60,21 @@ class Context:
 
     @property
     def step_count(self) -> int:
-        """Steps of one process, without graph captures: counts "per step" divide by this."""
+        """Steps of one process, without graph captures."""
         return self.trace.step_count
+
+    def steps_in(self, pids: Iterable[Any]) -> int:
+        """The steps a finding's rows are counted over: every step of each process they ran in (a merged trace of
+        two ranks whose copies only rank 0 makes is per step of rank 0, not over both ranks' steps; where both
+        make them it is per step of a rank). Rows of no process that marked steps: the steps of one process."""
+        counts = self.trace.steps_per_process
+        chosen = {str(p) for p in pids if p is not None and str(p) in counts}
+        return sum(counts[p] for p in chosen) if chosen else self.step_count
+
+    def steps_of_ops(self, ops: Iterable[int | None]) -> int:
+        """steps_in for rows found by their ops."""
+        pids = self.trace.op_pids
+        return self.steps_in(pids[op] for op in ops if op is not None)
 
     @cached_property
     def step_us(self) -> float:
@@ -99,9 +112,10 @@ class Context:
     def of_step_gpu(self) -> str:
         return "of step GPU time" if self.trace.has_step_markers else "of the trace's GPU time"
 
-    def per_step(self, total: int, noun: str, plural: str | None = None) -> str:
-        """A count as people say it: "1 host sync per step", "2 host syncs in 3 steps", "2 ... in the trace"."""
-        return count_per_step(total, self.step_count, self.trace.has_step_markers, noun, plural)
+    def per_step(self, total: int, noun: str, plural: str | None = None, steps: int | None = None) -> str:
+        """A count as people say it: "1 host sync per step", "2 host syncs in 3 steps", "2 ... in the trace"
+        (over `steps`, Context.steps_in's count, else the steps of one process)."""
+        return count_per_step(total, steps or self.step_count, self.trace.has_step_markers, noun, plural)
 
     def gpu_under(self, ops: set[int]) -> pl.DataFrame:
         """GPU activity in steps launched by any of `ops` or by ops nested in them; `under` names which."""

@@ -231,10 +231,17 @@ class Trace:
         return sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list())
 
     @cached_property
-    def step_count(self) -> int:
-        """Steps of one process: counts "per step" divide by this."""
+    def steps_per_process(self) -> dict[str | None, int]:
+        """Steady-state windows (graph captures left out) of each process that marked steps (None: the whole trace
+        as one window)."""
         windows = self.steps.filter(~pl.col("capture"))
-        return max(1, windows.height)
+        return {pid: n for pid, n in windows.group_by("pid").len().sort("pid", nulls_last=True).iter_rows()}
+
+    @cached_property
+    def step_count(self) -> int:
+        """Steps of one process (the one that marked most): the steps a trace shows. Counts "per step" of rows
+        from given processes divide by checks.base.Context.steps_in's count instead."""
+        return max(1, *self.steps_per_process.values()) if self.steps_per_process else 1
 
     # --- links ------------------------------------------------------------------------------------
     @cached_property
@@ -327,6 +334,10 @@ class Trace:
     @cached_property
     def op_cats(self) -> list[str]:
         return _shared_strings(self.ops["cat"])
+
+    @cached_property
+    def op_pids(self) -> list[str | None]:
+        return self.ops["pid"].cast(pl.String).to_list()
 
     def op_input(self, op: int) -> tuple[Any, Any, Any]:
         """(Input Dims, Input type, Concrete Inputs) of an op, decoded on demand."""

@@ -1,0 +1,84 @@
+"""A trace that holds several processes (ranks merged into one file): a finding's "per step" is per step of the
+processes its rows ran in, not over every process's steps."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import sample
+from tracebuild import read_json, write_json
+
+from attntrace.engine import lint_trace
+from attntrace.loading import load
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+ID_ARGS = ("correlation", "External id", "Ev Idx", "Python id", "Python parent id")
+OFFSET = 10**8
+
+
+def _first_step(events: list[dict[str, Any]]) -> float:
+    return min(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def _merged(rank0: str, rank1: str, out: Path) -> str:
+    """rank1's events as a second process driving GPU 1 (pids, device, ids moved; time aligned to rank0's first
+    step), as a tool that merges per-rank traces into one file writes them."""
+    first, second = read_json(sample(rank0)), read_json(sample(rank1))
+    shift = _first_step(first["traceEvents"]) - _first_step(second["traceEvents"])
+    moved = []
+    for event in second["traceEvents"]:
+        event = copy.deepcopy(event)
+        if event.get("ph") == "M" and isinstance(event.get("pid"), int) and event["pid"] < 100:
+            continue  # rank 1's GPU rows are named again by its moved device
+        if isinstance(event.get("ts"), (int, float)):
+            event["ts"] += shift
+        gpu = event.get("cat") in GPU_CATS or (event.get("cat") == "ac2g" and event.get("ph") == "f")
+        if isinstance(event.get("pid"), int):
+            event["pid"] += 1 if gpu else 100000
+        args = event.get("args")
+        if isinstance(args, dict):
+            if gpu and "device" in args:
+                args["device"] += 1
+            for key in ID_ARGS:
+                if isinstance(args.get(key), int):
+                    args[key] += OFFSET
+        if event.get("cat") in ("ac2g", "fwdbwd") and "id" in event:
+            event["id"] += OFFSET
+        moved.append(event)
+    first["traceEvents"] += moved
+    first["deviceProperties"].append({**first["deviceProperties"][0], "id": 1})
+    return write_json(first, out / "merged.json")
+
+
+def _rule(findings: list[dict[str, Any]], rule: str) -> dict[str, Any]:
+    (found,) = [f for f in findings if f["rule"] == rule]
+    return found
+
+
+def test_a_cause_on_one_rank_is_per_step_of_that_rank(tmp_path: Path):
+    # Rank 0 runs the unfused chain, rank 1 flash attention. Over both ranks' 6 steps, AT102 said "3 times in 6
+    # steps", 980 us per step (alone: 1 per step, 1960 us), and its copy (AT101) half its time.
+    alone = lint_trace(load(sample("bf16_causal_fwd/naive"))).findings
+    merged = lint_trace(load(_merged("bf16_causal_fwd/naive", "bf16_causal_fwd/sdpa_flash", tmp_path))).findings
+    for rule in ("AT102", "AT101"):
+        one, both = _rule(alone, rule), _rule(merged, rule)
+        assert both["evidence"]["gpu_us_per_step"] == pytest.approx(one["evidence"]["gpu_us_per_step"])
+    assert _rule(merged, "AT102")["evidence"]["calls_per_step"] == 1
+    assert "1 time per step" in _rule(merged, "AT102")["message"]
+
+
+def test_a_cause_on_both_ranks_is_per_step_of_a_rank(tmp_path: Path):
+    # Both ranks launch-bound: AT402 per device, AT501's launch cost per step of one rank, each device quoting
+    # its own process's events.
+    alone = lint_trace(load(sample("workloads/launch_bound_tiny_ops"))).findings
+    merged = lint_trace(load(_merged("workloads/launch_bound_tiny_ops", "workloads/launch_bound_tiny_ops",
+                                     tmp_path))).findings
+    one = _rule(alone, "AT501")["evidence"]
+    both = _rule(merged, "AT501")["evidence"]
+    assert both["launches_per_step"] == one["launches_per_step"]
+    assert both["recorded_launch_cpu_us_per_step"] == pytest.approx(one["recorded_launch_cpu_us_per_step"])
+    idle = [f for f in merged if f["rule"] == "AT402"]
+    assert sorted(f["where"]["device"] for f in idle) == [0, 1]
