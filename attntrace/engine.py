@@ -15,7 +15,7 @@ from attntrace.model import Trace
 from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
 from attntrace.read import ReadOptions, input_roots
-from attntrace.report import SEVERITY_RANK, TraceReport, severity_counts, sort_key
+from attntrace.report import SEVERITY_RANK, TraceReport, promises_nothing, severity_counts, sort_key
 from attntrace.summary import summarize
 
 SCHEMA_VERSION = 1
@@ -66,13 +66,8 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     # the rule cannot call the program's (under its threshold without the profiler, or undetermined) promises
     # nothing.
     info["impact_gpu_us_per_step"] = round(sum(f["impact"]["gpu_us_per_step"] for f in report.findings
-                                               if "subsumed_by" not in f and not _promises_nothing(f)), 3)
+                                               if "subsumed_by" not in f and not promises_nothing(f)), 3)
     return report
-
-
-def _promises_nothing(finding: dict[str, Any]) -> bool:
-    """An AT402 whose idle is the profiler's beyond the threshold, or that cannot tell (info)."""
-    return bool(finding["evidence"].get("profiler_only") or finding["evidence"].get("undetermined"))
 
 
 def _json_safe(value: Any) -> Any:
@@ -105,7 +100,7 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     # An AT402 that finds the idle under its threshold without the profiler (info), or cannot tell (info), is not a
     # cause a sync or a launch loop can be part of: nested under it, a real sync's warning would leave the verdict
     # and the exit code.
-    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402" and not _promises_nothing(f)}
+    idle_devices = {f["where"].get("device") for f in findings if f["rule"] == "AT402" and not promises_nothing(f)}
     for f in findings:
         chain = f["where"].get("op_chain") or ""
         if "AT202" in rules and f["rule"] != "AT202" and (

@@ -32,13 +32,14 @@ def no_shapes_line(path: str) -> str:
             "torch.profiler.profile(record_shapes=True)")
 
 
-def _finding_key(finding: dict[str, Any]) -> tuple[str, str]:
+def _finding_keys(finding: dict[str, Any]) -> set[tuple[str, str]]:
+    """The keys a site that the finding is about holds (sites.py): AT203's one finding names every fp32 kernel."""
     where = finding["where"]
     if finding["rule"] == "AT202":
-        return "AT202", f"{finding['evidence'].get('reason')}|{where.get('op_chain')}"
+        return {("AT202", f"{finding['evidence'].get('reason')}|{where.get('op_chain')}")}
     if finding["rule"] == "AT203":
-        return "AT203", str(where.get("kernel"))
-    return finding["rule"], str(where.get("op_chain"))
+        return {("AT203", name) for name in finding["evidence"].get("kernels_us_per_step") or [where.get("kernel")]}
+    return {(finding["rule"], str(where.get("op_chain")))}
 
 
 def shape_of(site: dict[str, Any]) -> options.Shape:
@@ -83,7 +84,7 @@ def plan(trace: Trace, variants: str = "all", causal: bool | None = None) -> dic
         keys = {k for call in site.calls for k in call.keys}
         entry["findings"] = [{"rule": f["rule"], "fingerprint": f["fingerprint"],
                               "share": _share(site, f)}
-                             for f in findings if _finding_key(f) in keys]
+                             for f in findings if _finding_keys(f) & keys]
         out.append(entry)
     return {"schema_version": PLAN_SCHEMA, "trace": trace.path, "device": device or "cpu",
             "steps": trace.step_count, "has_shapes": True, "sites": out,
@@ -307,14 +308,14 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
                                f"{hit.get('best')} saves {saved / 1e3:.3f} ms per step]")
         changed += 1
     if changed:
-        from attntrace.report import sort_key
+        from attntrace.report import promises_nothing, sort_key
 
         report["findings"].sort(key=sort_key)
         for trace in report["traces"]:
             if "impact_gpu_us_per_step" in trace:
                 trace["impact_gpu_us_per_step"] = round(sum(
                     f["impact"]["gpu_us_per_step"] for f in report["findings"]
-                    if f["trace"] == trace["path"] and "subsumed_by" not in f), 3)
+                    if f["trace"] == trace["path"] and "subsumed_by" not in f and not promises_nothing(f)), 3)
     return changed
 
 

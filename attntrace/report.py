@@ -18,6 +18,12 @@ class TraceReport:
     job: dict[str, Any] = field(default_factory=dict)  # rank and step times for --group ranks (ranks.identity)
 
 
+def promises_nothing(finding: dict[str, Any]) -> bool:
+    """An AT402 whose idle is under its threshold without the profiler, or that cannot tell (info): no saving
+    a trace's total counts."""
+    return bool(finding["evidence"].get("profiler_only") or finding["evidence"].get("undetermined"))
+
+
 def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
     return (SEVERITY_RANK[finding["severity"]], -finding["impact"]["gpu_us_per_step"], finding["trace"],
             finding["rule"], finding["fingerprint"])

@@ -66,13 +66,14 @@ def test_an_idle_of_the_profilers_own_cost_gets_no_framework_switch():
 
 def test_an_idle_under_the_threshold_without_the_profiler_says_what_is_left():
     # Llama generate(): 43% idle as recorded, ~28% estimated without the profiler. The finding said the recorded
-    # idle was "mostly the profiler's own cost" (the profiler was 48% of it) and that nothing was to fix, with an
-    # impact of 0 while 149 ms of idle per step were left.
+    # idle was "mostly the profiler's own cost" (the profiler was 48% of it) and that nothing was to fix, while
+    # 149 ms of idle per step were left. It says what is left, and promises no saving.
     trace = lint_trace(load(sample("from_trace/llama_generate_eager")))
     (idle,) = [f for f in trace.findings if f["rule"] == "AT402"]
     assert idle["severity"] == "info" and idle["evidence"]["profiler_only"]
-    assert idle["impact"]["gpu_us_per_step"] == pytest.approx(idle["evidence"]["est_idle_us_per_step"], rel=0.01)
+    assert idle["impact"]["gpu_us_per_step"] == 0 and idle["evidence"]["est_idle_us_per_step"] > 100_000
     assert "under the 30% this rule warns at" in idle["message"] and "mostly" not in idle["message"]
+    assert "~28% without the profiler" in idle["message"] and idle["fix"].count("~28% idle") == 1
     # It promises nothing: the trace's total saving leaves it out.
     promised = sum(f["impact"]["gpu_us_per_step"] for f in trace.findings
                    if f["rule"] != "AT402" and "subsumed_by" not in f)

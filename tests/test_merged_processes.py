@@ -82,3 +82,13 @@ def test_a_cause_on_both_ranks_is_per_step_of_a_rank(tmp_path: Path):
     assert both["recorded_launch_cpu_us_per_step"] == pytest.approx(one["recorded_launch_cpu_us_per_step"])
     idle = [f for f in merged if f["rule"] == "AT402"]
     assert sorted(f["where"]["device"] for f in idle) == [0, 1]
+
+
+def test_a_share_of_the_steps_gpu_time_is_of_one_device(tmp_path: Path):
+    # fp32 SDPA training on rank 0, bf16 flash on rank 1: AT203's 3.9 ms per step were 166% of the step's GPU
+    # time pooled over both devices (rank 0 alone: 95%).
+    alone = _rule(lint_trace(load(sample("fp32_causal_fwdbwd/sdpa"))).findings, "AT203")
+    merged = _rule(lint_trace(load(_merged("fp32_causal_fwdbwd/sdpa", "bf16_causal_fwdbwd/sdpa_flash",
+                                           tmp_path))).findings, "AT203")
+    assert merged["evidence"]["share_of_step_gpu"] == pytest.approx(alone["evidence"]["share_of_step_gpu"])
+    assert merged["evidence"]["share_of_step_gpu"] <= 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import sample
+from tracebuild import read_json, write_json
 
 from attntrace.engine import lint_trace
 from attntrace.loading import load
@@ -103,6 +104,18 @@ def test_at302_sync_inside_an_annotation_claims_no_more_than_it_waited():
     for f in syncs:
         assert f["impact"]["gpu_us_per_step"] <= f["evidence"]["cpu_wait_us_per_step"]
         assert f["evidence"]["recorded_gpu_idle_us_per_step"] <= f["evidence"]["cpu_wait_us_per_step"]
+
+
+def test_at302_an_annotation_written_as_an_operator_is_no_op_either(tmp_path):
+    # PyTorch 1.8-1.10 write record_function blocks with cat "Operator", as they write aten ops: the same DDP trace
+    # with its annotations so written claimed the blocks' time again.
+    doc = read_json(Path(__file__).parent / "data" / "hta_nccl_a100.json.gz")
+    for event in doc["traceEvents"]:
+        if event.get("cat") == "user_annotation":
+            event["cat"] = "Operator"
+    trace = load(write_json(doc, tmp_path / "operator_annotations.json"))
+    syncs = [f for f in lint_trace(trace).findings if f["rule"] == "AT302"]
+    assert syncs and all(f["impact"]["gpu_us_per_step"] <= f["evidence"]["cpu_wait_us_per_step"] for f in syncs)
 
 
 @pytest.mark.parametrize("name", ["workloads/gpt2_sdpa_train", "bf16_causal_fwd/naive",

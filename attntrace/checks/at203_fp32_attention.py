@@ -27,7 +27,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     by_name = {name: float(rows["dur"].sum()) / steps
                for (name,), rows in sorted(kernels.group_by(["name"]), key=lambda g: g[0][0])}
     forward = sum(us for name, us in by_name.items() if "cutlassF" in name)
-    backward = us_per_step - forward
+    backward = sum(us for name, us in by_name.items() if "cutlassB" in name)
     # The forward kernel names the call (its op chain is the SDPA call; the backward's is the autograd node).
     first = kernels.sort(pl.col("name").str.contains("cutlassB"), "ts", "idx").row(0, named=True)
     parts = [f"forward {fmt_us(forward)}" if forward else "", f"backward {fmt_us(backward)}" if backward else ""]

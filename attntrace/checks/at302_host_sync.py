@@ -22,8 +22,9 @@ def _held(ctx: Context, syncs: pl.DataFrame, replayed: Replay) -> pl.DataFrame:
     # Ops, not annotations: a torch.cuda.synchronize() called in a `record_function` block (a benchmark's
     # "[param|...|forward]", DistributedDataParallel.forward) has the block as its innermost event, and the
     # block's 100 ms are no time the sync held.
-    ops = ctx.trace.ops.filter(pl.col("cat") == "cpu_op").select(pl.col("idx").cast(pl.Int64).alias("op"),
-                                                                  pl.col("dur").alias("op_us"))
+    # PyTorch 1.8-1.10 write those blocks as "Operator" too: an op has a namespace (aten::, c10d::, fbgemm::).
+    ops = (ctx.trace.ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.contains("::", literal=True))
+           .select(pl.col("idx").cast(pl.Int64).alias("op"), pl.col("dur").alias("op_us")))
     calls = ctx.trace.launches_linked.filter(pl.col("op").is_not_null()).group_by("op").len("op_calls")
     costs = replayed.costs
     op_cost = costs.op_cost(replayed.settings) if costs is not None else 0.0

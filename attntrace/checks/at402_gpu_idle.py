@@ -220,9 +220,10 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
                   "profiler_settings": settings, "largest_recorded_gaps": largest,
                   "profiler_only": profiler_only, "undetermined": share_range is not None,
                   "est_idle_share_range": list(share_range) if share_range is not None else None},
-        # Info below the threshold (the rest of the recorded idle is the profiler's), or one the trace cannot tell
-        # (the central estimate, beside the range in the message): the idle the estimate leaves, promising nothing.
-        gpu_us_per_step=est_idle,
+        # Under the threshold without the profiler, the idle it leaves is in the message and the evidence, not a
+        # saving in the headline; one the trace cannot tell keeps its central estimate, beside the range in the
+        # message, as info. Neither counts in the trace's total (report.promises_nothing).
+        gpu_us_per_step=0.0 if profiler_only else est_idle,
         saving=IDLE_REMOVED,
         assumption=("estimated without the profiler's cost (attntrace/profiler_cost.toml); the idle goes if the "
                     "CPU keeps the GPU fed" + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None

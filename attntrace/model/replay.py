@@ -468,8 +468,8 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
                if first_own is not None else None)
     previous_end = cpu_new[0]
     backlog_us = max(0.0, float(backlog) - cpu_new[0]) if backlog is not None else 0.0
-    # The same backlog as recorded: the recorded chain of step ends leaves it out too, or a first step behind the
-    # warm-up's queue was bounded by the queue (2.0 ms replayed for a 1.2 ms step).
+    # The same backlog as recorded: the first step's bound leaves it out too, or a first step behind the warm-up's
+    # queue was bounded by the queue (2.0 ms replayed for a 1.2 ms step).
     first_recorded = recorded_work.filter(pl.col("step").is_not_null())["ts"].min()
     recorded_backlog = (recorded_work.filter(pl.col("step").is_null() & (pl.col("ts") <= first_recorded))["end"].max()
                         if first_recorded is not None else None)
@@ -502,8 +502,12 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         # Taking the profiler's cost away never lengthens a step: where the replay's placement comes out longer
         # (a latency or dependency it misreads), the step as recorded bounds it.
         cpu_span = (starts[i + 1] if i + 1 < len(starts) else ends[-1]) - starts[i]
-        chained = max(starts[i] + cpu_span, recorded_done.get(step, recorded_end) - recorded_backlog_us, recorded_end)
-        est = min(est, max(recorded, chained - recorded_end))
+        chained = max(starts[i] + cpu_span, recorded_done.get(step, recorded_end), recorded_end)
+        bound = chained - recorded_end
+        if i == 0 and recorded_backlog_us:
+            # The first step less the queue before it (later steps keep the recorded chain: never longer).
+            bound = min(bound, max(cpu_span, recorded_done.get(step, starts[0]) - recorded_backlog_us - starts[0]))
+        est = min(est, max(recorded, bound))
         recorded_end = chained
         rows.append({"step": step, "device": device, "recorded_us": recorded, "est_step_us": est,
                      "gpu_busy_us": gpu_busy, "est_idle_us": max(0.0, est - gpu_busy),
