@@ -37,6 +37,22 @@ def test_at102_naive_microbenchmark():
     assert f["evidence"]["score_bytes"] == 512 * 2**20
 
 
+def test_at102_counts_the_backward_of_the_chain_in_training():
+    # SDPA's backward replaces the chain's backward nodes too (SoftmaxBackward0, MaskedFillBackward0,
+    # MulBackward0): a training step's AT102 claimed 1.96 ms, the forward's alone, as a forward-only trace did.
+    (fwd,) = findings("bf16_causal_fwd/naive", "AT102")
+    (train,) = findings("bf16_causal_fwdbwd/naive", "AT102")
+    assert fwd["evidence"]["backward_gpu_us_per_step"] == 0
+    back = train["evidence"]["backward_gpu_us_per_step"]
+    assert back > 1000 and train["evidence"]["gpu_us_per_step"] == pytest.approx(fwd["evidence"]["gpu_us_per_step"]
+                                                                                + back, rel=0.02)
+    assert "their backward" in train["message"] and "their backward" not in fwd["message"]
+    # Hugging Face GPT-2 trained eagerly (its gradients in another dtype than the bf16 scores: counted by shape).
+    (hf,) = findings("workloads/gpt2_eager_train", "AT102")
+    assert hf["evidence"]["backward_gpu_us_per_step"] > 0.3 * (hf["evidence"]["gpu_us_per_step"]
+                                                              - hf["evidence"]["backward_gpu_us_per_step"])
+
+
 @pytest.mark.parametrize("name", ["workloads/gpt2_sdpa_train", "bf16_causal_fwd/sdpa_math", "bf16_causal_fwd/sdpa",
                                   "bf16_causal_fwd/sdpa_flash", "bf16_causal_fwd/flex", "bf16_causal_fwd/compiled"])
 def test_at102_silent_on_sdpa_and_fused(name):

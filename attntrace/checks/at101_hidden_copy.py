@@ -8,6 +8,7 @@ from typing import Any
 
 import polars as pl
 
+from attntrace.checks.at102_materialized_scores import backward_node, chain_ops
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_in
 
 # Ops that are a copy the user asked for: a copy kernel under only these (up to the user's own annotations)
@@ -110,16 +111,10 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
 def _unfused_attention_ops(ctx: Context) -> set[int]:
     """The ops of the unfused attention chains (AT102's): a copy under one of them goes when the chain is fused."""
     from attntrace.catalog import load_rules
-    from attntrace.checks.at102_materialized_scores import chain_ops
 
     # With or without recorded shapes, as AT102 finds them: without, a copy inside the chain was a second
     # warning beside AT102's, its time counted twice.
     return chain_ops(ctx, load_rules()["AT102"].parameters["min_seq"].default)
-
-
-def _backward_node(op_name: str) -> str:
-    """The autograd node of an aten op's gradient: aten::masked_fill -> MaskedFillBackward."""
-    return "".join(part.capitalize() for part in op_name.removeprefix("aten::").split("_") if part) + "Backward"
 
 
 def _chain_backward_nodes(ctx: Context, attention_ops: set[int]) -> dict[str, set[float]]:
@@ -132,7 +127,7 @@ def _chain_backward_nodes(ctx: Context, attention_ops: set[int]) -> dict[str, se
         if not name.startswith("aten::"):
             continue
         dims, types, _ = ctx.trace.op_input(op)
-        sizes = nodes.setdefault(_backward_node(name), set())
+        sizes = nodes.setdefault(backward_node(name), set())
         for dim, dtype in zip(dims or [], types or [], strict=False):
             if isinstance(dim, list) and dim and all(isinstance(d, int) for d in dim) and dtype in ITEM_SIZE:
                 sizes.add(float(math.prod(dim) * ITEM_SIZE[dtype]))

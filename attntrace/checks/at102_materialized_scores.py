@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -36,6 +38,8 @@ def _numel(shape: list[int]) -> int:
 
 
 TRIANGLE = {"aten::tril", "aten::triu", "aten::tril_", "aten::triu_"}
+# An autograd node's own op ("SoftmaxBackward0"), not the engine's wrapper around it.
+AUTOGRAD_NODE = r"^[A-Za-z0-9]+Backward[0-9]*$"
 FUSED_MAX_HEAD_DIM = 256  # flash and cuDNN SDPA stop here; memory-efficient may then be slower than the chain
 LOOK_BACK, LOOK_AHEAD = 12, 8  # ops between the score matmul and softmax (scale, bias, masks), and after
 
@@ -222,6 +226,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         return _check_without_shapes(ctx)
     groups, sequence, position = unfused_chains(ctx, ctx.params["min_seq"])
     findings = []
+    claimed: set[int] = set()
     for pattern, hits in sorted(groups.items()):
         steps = ctx.steps_of_ops(hit[0] for hit in hits)
         per_step = len(hits) / steps
@@ -231,10 +236,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         # tensor and the last one reads it.
         launched = ctx.gpu_under({o for _, _, chain, _, _ in hits for o in chain[1:-1]})
         gpu_us = float(launched["dur"].sum())
+        backward_us = float(ctx.gpu_under(_chain_backward(ctx, hits, _first_input_numel(ctx, hits[0][0]),
+                                                          claimed))["dur"].sum()) / steps
         copies = launched.group_by("under").agg((pl.col("kind") == "memcpy").any().alias("copies"))["copies"]
         passes = 2 + sum(2 + 2 * copied for copied in copies.to_list()) / len(hits)
         moved = passes * score_bytes * per_step
-        us_per_step = gpu_us / steps
+        us_per_step = gpu_us / steps + backward_us
         side = hits[0][3]
         first = _operands(ctx, hits[0][2][0])
         head_dim = first[0][-1] if first and isinstance(first[0], list) and first[0] else None
@@ -245,20 +252,56 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             key=_stable_key(pattern),
             message=(f"unfused attention materialises a {side}x{side} score tensor ({fmt_bytes(score_bytes)}) "
                      f"{ctx.per_step(len(hits), 'time', steps=steps)} via {pattern}: about {fmt_bytes(moved)} of "
-                     "memory traffic "
-                     f"{ctx.each_step} "
+                     f"memory traffic {'in forward ' if backward_us else ''}{ctx.each_step} "
                      f"and {fmt_us(us_per_step)} of GPU time in the elementwise and softmax kernels"
+                     + (f" (forward {fmt_us(us_per_step - backward_us)}, their backward {fmt_us(backward_us)})"
+                        if backward_us else "")
                      + (f"; head dim {head_dim} is above what flash and cuDNN take ({FUSED_MAX_HEAD_DIM}), so a "
                         "fused kernel may not be faster here: measure before switching" if too_wide else "")),
             where={"op_chain": pattern, "kernel": None, "steps": sorted({s for _, s, _, _, _ in hits})},
             evidence={"seq_len": side, "score_shape": _dims(ctx, hits[0][0])[0][0], "score_bytes": score_bytes,
                       "calls_per_step": per_step, "memory_passes": passes, "bytes_per_step": moved,
                       "memory_saved_bytes_per_call": 2 * score_bytes, "gpu_us_per_step": us_per_step,
+                      "backward_gpu_us_per_step": backward_us,
                       "head_dim": head_dim, "causal_mask_in_trace": causal},
             gpu_us_per_step=0.0 if too_wide else us_per_step,
             fix=_fix(causal, too_wide),
         ))
     return point_to_measurement(ctx, findings)
+
+
+def backward_node(op_name: str) -> str:
+    """The autograd node of an aten op's gradient, without its number: aten::masked_fill -> MaskedFillBackward."""
+    return "".join(part.capitalize() for part in op_name.removeprefix("aten::").split("_") if part) + "Backward"
+
+
+def _chain_backward(ctx: Context, hits: list[Any], score_numel: int | None, claimed: set[int]) -> set[int]:
+    """The autograd nodes that run the backward of the chain's ops between its matmuls (SoftmaxBackward0,
+    MaskedFillBackward0, MulBackward0), each known by an op under it taking a tensor of as many elements as the
+    scores (in any dtype: autocast's gradients may be fp32): SDPA's backward replaces them too. A node goes to one
+    chain (`claimed`)."""
+    if not score_numel:
+        return set()
+    names = ctx.trace.op_names
+    wanted = {backward_node(names[o]) for _, _, chain, _, _ in hits for o in chain[1:-1]
+              if names[o].startswith("aten::")}
+    nodes = ctx.trace.ops.filter(pl.col("name").str.contains(AUTOGRAD_NODE))
+    found = set()
+    for node, name in zip(nodes["idx"].to_list(), nodes["name"].to_list(), strict=True):
+        if node in claimed or re.sub(r"[0-9]+$", "", name) not in wanted:
+            continue
+        if any(_first_input_numel(ctx, op) == score_numel for op in ctx.trace.op_children.get(node, [])):
+            found.add(node)
+    claimed |= found
+    return found
+
+
+def _first_input_numel(ctx: Context, op: int) -> int | None:
+    dims = ctx.trace.op_input(op)[0]
+    first = dims[0] if dims else None
+    if not isinstance(first, list) or not first or not all(isinstance(d, int) for d in first):
+        return None
+    return math.prod(first)
 
 
 def _stable_key(pattern: str) -> str:
