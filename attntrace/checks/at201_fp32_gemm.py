@@ -25,6 +25,11 @@ FIXES["fp32-convolution"] = ("Run the convolutions in bf16/fp16 under `torch.aut
 FIXES["unknown"] = FIXES["fp32-inputs"]
 CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convolution", "aten::conv2d",
                "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
+# cuBLAS's matrix-vector kernels (gemv2N, gemv2T, gemvx: a batch-1 Linear) are bound by memory: neither tensor
+# cores nor a lower precision made them faster on an H200 (8 Linear 4096x4096 on one token: fp32 0.181 ms, TF32
+# allowed 0.183 ms, bf16 0.244 ms; bench/gemv_capture.py, sample_traces/gemv/). They are no GEMM this rule's fix
+# speeds up.
+GEMV = "gemv"
 # Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
 PRE_AMPERE_FIX = ("This GPU has no TF32 (compute capability < 8.0): its tensor cores run fp16. Use mixed "
                   "precision, `torch.autocast('cuda', dtype=torch.float16)` with a `torch.cuda.amp.GradScaler` "
@@ -72,7 +77,7 @@ def _math_upcast_dtype(ctx: Context) -> str | None:
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
-    gemms = ctx.gpu.filter(pl.col("cls") == "gemm_fp32_simt")
+    gemms = ctx.gpu.filter((pl.col("cls") == "gemm_fp32_simt") & ~pl.col("name").str.contains(GEMV, literal=True))
     groups: dict[str, list[dict[str, Any]]] = {}
     reasons: dict[str, set[str]] = {}
     math_dtype = _math_upcast_dtype(ctx) if gemms.height else None
