@@ -15,7 +15,7 @@ from attntrace.model import Trace
 from attntrace.model.replay import ProfilerCosts
 from attntrace.model.tables import gc_paused
 from attntrace.read import ReadOptions, input_roots
-from attntrace.report import SEVERITY_RANK, TraceReport, promises_nothing, severity_counts, sort_key
+from attntrace.report import SEVERITY_RANK, TraceReport, promises_nothing, severity_counts, sort_key, total_impact
 from attntrace.summary import summarize
 
 SCHEMA_VERSION = 1
@@ -62,11 +62,7 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
         if reason:
             report.skipped.append({"trace": trace.path, "rule": rule_id, "reason": reason})
     mark_subsumed(report.findings)
-    # Each GPU microsecond counted once: what fixing every finding that no other fix includes would save. An idle
-    # the rule cannot call the program's (under its threshold without the profiler, or undetermined) promises
-    # nothing.
-    info["impact_gpu_us_per_step"] = round(sum(f["impact"]["gpu_us_per_step"] for f in report.findings
-                                               if "subsumed_by" not in f and not promises_nothing(f)), 3)
+    info["impact_gpu_us_per_step"] = total_impact(report.findings)
     return report
 
 

@@ -19,7 +19,7 @@ PLAN_SCHEMA = 1
 MEASURED_KIND = "attntrace-from-trace"
 RUN_DTYPES = ("bf16", "fp16", "fp32")
 # Which findings a measured site answers, and how each finding names its cause: AT102 by its chain, AT202 by
-# its reason and chain, AT203 by its forward kernel (one finding holds the forward and backward kernels).
+# its reason and chain, AT203 by any of its kernels (one finding holds the forward and backward kernels).
 MEASURED_RULES = ("AT102", "AT202", "AT203")
 
 
@@ -308,14 +308,13 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
                                f"{hit.get('best')} saves {saved / 1e3:.3f} ms per step]")
         changed += 1
     if changed:
-        from attntrace.report import promises_nothing, sort_key
+        from attntrace.report import sort_key, total_impact
 
         report["findings"].sort(key=sort_key)
         for trace in report["traces"]:
             if "impact_gpu_us_per_step" in trace:
-                trace["impact_gpu_us_per_step"] = round(sum(
-                    f["impact"]["gpu_us_per_step"] for f in report["findings"]
-                    if f["trace"] == trace["path"] and "subsumed_by" not in f and not promises_nothing(f)), 3)
+                trace["impact_gpu_us_per_step"] = total_impact([f for f in report["findings"]
+                                                                if f["trace"] == trace["path"]])
     return changed
 
 

@@ -24,6 +24,13 @@ def promises_nothing(finding: dict[str, Any]) -> bool:
     return bool(finding["evidence"].get("profiler_only") or finding["evidence"].get("undetermined"))
 
 
+def total_impact(findings: list[dict[str, Any]]) -> float:
+    """A trace's saving per step, each GPU microsecond counted once: what fixing every finding that no other fix
+    includes would save, leaving out an idle that promises nothing."""
+    return round(sum(f["impact"]["gpu_us_per_step"] for f in findings
+                     if "subsumed_by" not in f and not promises_nothing(f)), 3)
+
+
 def sort_key(finding: dict[str, Any]) -> tuple[Any, ...]:
     return (SEVERITY_RANK[finding["severity"]], -finding["impact"]["gpu_us_per_step"], finding["trace"],
             finding["rule"], finding["fingerprint"])

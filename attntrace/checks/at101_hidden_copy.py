@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 import polars as pl
 
-from attntrace.checks.at102_materialized_scores import backward_node, chain_ops
+from attntrace.checks.at102_materialized_scores import chain_ops
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us, steps_in
 
 # Ops that are a copy the user asked for: a copy kernel under only these (up to the user's own annotations)
@@ -109,43 +108,13 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
 
 
 def _unfused_attention_ops(ctx: Context) -> set[int]:
-    """The ops of the unfused attention chains (AT102's): a copy under one of them goes when the chain is fused."""
+    """The ops of the unfused attention chains (AT102's), and the autograd nodes of their backward
+    (MaskedFillBackward0 clones the scores): a copy under one of them goes when the chain is fused."""
     from attntrace.catalog import load_rules
 
     # With or without recorded shapes, as AT102 finds them: without, a copy inside the chain was a second
     # warning beside AT102's, its time counted twice.
     return chain_ops(ctx, load_rules()["AT102"].parameters["min_seq"].default)
-
-
-def _chain_backward_nodes(ctx: Context, attention_ops: set[int]) -> dict[str, set[float]]:
-    """The backward nodes of the unfused attention chains' ops, each with the sizes of the tensors those ops took
-    (known with record_shapes): autograd runs them in backward (MaskedFillBackward0 clones the scores), and fusing
-    the chain removes them too. AT102 finds the chain by its forward ops; its backward is in the same cause."""
-    nodes: dict[str, set[float]] = {}
-    for op in attention_ops:
-        name = ctx.trace.op_names[op]
-        if not name.startswith("aten::"):
-            continue
-        dims, types, _ = ctx.trace.op_input(op)
-        sizes = nodes.setdefault(backward_node(name), set())
-        for dim, dtype in zip(dims or [], types or [], strict=False):
-            if isinstance(dim, list) and dim and all(isinstance(d, int) for d in dim) and dtype in ITEM_SIZE:
-                sizes.add(float(math.prod(dim) * ITEM_SIZE[dtype]))
-    return nodes
-
-
-def _in_chain_backward(ctx: Context, row: dict[str, Any], nodes: dict[str, set[float]]) -> bool:
-    """A copy made under the backward node of a chain op, of a tensor the size of one that op took where shapes
-    tell (a masked_fill elsewhere in the model, a loss's, keeps its own finding)."""
-    if not nodes or row["op"] is None:
-        return False
-    names = ctx.trace.op_names
-    for ancestor in ctx.trace.op_ancestors(row["op"]):
-        node = names[ancestor].rsplit(": ", 1)[-1].rstrip("0123456789")
-        if node in nodes:
-            size = _copy_bytes(ctx, row)
-            return not ctx.trace.has_shapes or (size is not None and size in nodes[node])
-    return False
 
 
 def _repeats_kv_heads(ctx: Context, op: int | None, asked_by: str) -> bool:
@@ -181,7 +150,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         groups.setdefault((" > ".join(chain), kind), []).append(row)
 
     attention_ops = _unfused_attention_ops(ctx) if groups else set()
-    attention_backward = _chain_backward_nodes(ctx, attention_ops)
     findings = []
     for (chain, kind), rows in sorted(groups.items()):
         sizes = [b for b in (_copy_bytes(ctx, r) for r in rows) if b]
@@ -223,7 +191,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
                       "launch_api": rows[0]["launch_api"],
                       "in_unfused_attention": all(set(ctx.trace.op_ancestors(r["op"])) & attention_ops
-                                                  or _in_chain_backward(ctx, r, attention_backward) for r in rows)},
+                                                  for r in rows)},
             gpu_us_per_step=us_per_step,
             fix=fix,
         ))

@@ -178,11 +178,13 @@ def chains_by_names(ctx: Context) -> NamedChains:
 
 
 def chain_ops(ctx: Context, min_seq: int) -> set[int]:
-    """The ops of every unfused attention chain AT102 reports: by shapes where they were recorded, else by names."""
+    """The ops of every unfused attention chain AT102 reports, and the autograd nodes of their backward whose time
+    it counts: by shapes where they were recorded, else the forward ops found by names."""
     if not ctx.trace.has_shapes:
         return {op for hits in chains_by_names(ctx)[0].values() for _, _, chain in hits for op in chain}
     groups, _, _ = unfused_chains(ctx, min_seq)
-    return {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
+    forward = {op for hits in groups.values() for _, _, chain, _, _ in hits for op in chain}
+    return forward.union(*_backward_by_chain(ctx, groups).values())
 
 
 def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
@@ -226,7 +228,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         return _check_without_shapes(ctx)
     groups, sequence, position = unfused_chains(ctx, ctx.params["min_seq"])
     findings = []
-    claimed: set[int] = set()
+    backward = _backward_by_chain(ctx, groups)
     for pattern, hits in sorted(groups.items()):
         steps = ctx.steps_of_ops(hit[0] for hit in hits)
         per_step = len(hits) / steps
@@ -236,8 +238,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         # tensor and the last one reads it.
         launched = ctx.gpu_under({o for _, _, chain, _, _ in hits for o in chain[1:-1]})
         gpu_us = float(launched["dur"].sum())
-        backward_us = float(ctx.gpu_under(_chain_backward(ctx, hits, _first_input_numel(ctx, hits[0][0]),
-                                                          claimed))["dur"].sum()) / steps
+        backward_us = float(ctx.gpu_under(backward[pattern])["dur"].sum()) / steps
         copies = launched.group_by("under").agg((pl.col("kind") == "memcpy").any().alias("copies"))["copies"]
         passes = 2 + sum(2 + 2 * copied for copied in copies.to_list()) / len(hits)
         moved = passes * score_bytes * per_step
@@ -275,25 +276,27 @@ def backward_node(op_name: str) -> str:
     return "".join(part.capitalize() for part in op_name.removeprefix("aten::").split("_") if part) + "Backward"
 
 
-def _chain_backward(ctx: Context, hits: list[Any], score_numel: int | None, claimed: set[int]) -> set[int]:
-    """The autograd nodes that run the backward of the chain's ops between its matmuls (SoftmaxBackward0,
-    MaskedFillBackward0, MulBackward0), each known by an op under it taking a tensor of as many elements as the
-    scores (in any dtype: autocast's gradients may be fp32): SDPA's backward replaces them too. A node goes to one
-    chain (`claimed`)."""
-    if not score_numel:
-        return set()
+def _backward_by_chain(ctx: Context, groups: dict[str, list[Any]]) -> dict[str, set[int]]:
+    """For each chain pattern, the autograd nodes that run the backward of its ops between the matmuls
+    (SoftmaxBackward0, MaskedFillBackward0, MulBackward0), each known by an op under it taking a tensor of as many
+    elements as the scores (in any dtype: autocast's gradients may be fp32): SDPA's backward replaces them too.
+    A node goes to the first pattern that claims it."""
     names = ctx.trace.op_names
-    wanted = {backward_node(names[o]) for _, _, chain, _, _ in hits for o in chain[1:-1]
-              if names[o].startswith("aten::")}
     nodes = ctx.trace.ops.filter(pl.col("name").str.contains(AUTOGRAD_NODE))
-    found = set()
-    for node, name in zip(nodes["idx"].to_list(), nodes["name"].to_list(), strict=True):
-        if node in claimed or re.sub(r"[0-9]+$", "", name) not in wanted:
-            continue
-        if any(_first_input_numel(ctx, op) == score_numel for op in ctx.trace.op_children.get(node, [])):
-            found.add(node)
-    claimed |= found
-    return found
+    candidates = list(zip(nodes["idx"].to_list(), [re.sub(r"[0-9]+$", "", n) for n in nodes["name"].to_list()],
+                          strict=True))
+    claimed: set[int] = set()
+    by_chain: dict[str, set[int]] = {}
+    for pattern, hits in sorted(groups.items()):
+        score_numel = _first_input_numel(ctx, hits[0][0])
+        wanted = {backward_node(names[o]) for _, _, chain, _, _ in hits for o in chain[1:-1]
+                  if names[o].startswith("aten::")}
+        by_chain[pattern] = {node for node, name in candidates
+                             if score_numel and node not in claimed and name in wanted
+                             and any(_first_input_numel(ctx, op) == score_numel
+                                     for op in ctx.trace.op_children.get(node, []))}
+        claimed |= by_chain[pattern]
+    return by_chain
 
 
 def _first_input_numel(ctx: Context, op: int) -> int | None:

@@ -178,7 +178,7 @@ def _finding(ctx: Context, device: int, steps: pl.DataFrame, recorded: pl.DataFr
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
     # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
-    events = ctx.trace.replay.events_by_device.get(device, ctx.trace.replay.events_per_step)
+    events = ctx.trace.replay.events_by_device.get(device, {})
     cost = (f"{_settings_text(settings)} cost ~{fmt_ms(profiler_us)} of CPU per step "
             f"({events.get('cpu_ops', 0):.0f} ops, {events.get('runtime_calls', 0):.0f} runtime calls per step "
             "recorded)")

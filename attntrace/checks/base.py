@@ -79,27 +79,28 @@ class Context:
     @cached_property
     def step_us(self) -> float:
         """The program's step, the denominator of every share of the step: the mean step replayed without the
-        profiler's own cost (the slowest device's), else the mean step as recorded. Over every step, as the rules'
-        per-step times are (their sums over the steps, over the step count): a median of the steady steps left a
-        slow first step's time in the numerator alone (shares of 500%). Not the recorded steps where a replay
-        exists: they held the profiler's cost, and a verdict flipped between two captures of one program."""
+        profiler's own cost (the slowest device's), else the slowest device's mean step as recorded. Over every
+        step, as the rules' per-step times are (their sums over the steps, over the step count): a median of the
+        steady steps left a slow first step's time in the numerator alone (shares of 500%). Not the recorded steps
+        where a replay exists: they held the profiler's cost, and a verdict flipped between two captures of one
+        program."""
         replayed = self.trace.replay
         if not replayed.reason and replayed.table.height:
             return float(replayed.table.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())
-        return float(self.steps["step_us"].mean()) if self.steps.height else 0.0
+        return self._largest_device_mean("step_us")
 
     @cached_property
     def step_gpu_us(self) -> float:
         """Mean GPU busy time per step, of the busiest device (as step_us is the slowest device's): pooled over two
         ranks' devices, one rank's fp32 attention came out as 166% of the step's GPU time."""
-        return self._busiest_device_mean("gpu_busy_us")
+        return self._largest_device_mean("gpu_busy_us")
 
     @cached_property
     def step_compute_us(self) -> float:
         """Mean GPU compute time per step (busy time without communication kernels), of the busiest device."""
-        return self._busiest_device_mean("compute_us")
+        return self._largest_device_mean("compute_us")
 
-    def _busiest_device_mean(self, column: str) -> float:
+    def _largest_device_mean(self, column: str) -> float:
         if not self.steps.height:
             return 0.0
         return float(self.steps.group_by("device").agg(pl.col(column).mean())[column].max())

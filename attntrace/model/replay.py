@@ -136,12 +136,17 @@ class Replay:
     """Per (step, device): the step as recorded and as estimated without the profiler."""
     table: pl.DataFrame  # step, device, recorded_us, est_step_us, gpu_busy_us, est_idle_us, profiler_cpu_us
     settings: dict[str, Any]
-    events_per_step: dict[str, float]  # the mean over devices (summary's `profiler.events_per_step`)
+    events_by_device: dict[int, dict[str, float]]  # each device's process: events recorded per step, by kind
     reason: str | None = None  # why no replay could be made (no CPU events, a CPU-only trace, ...)
     idle_after_sync: dict[int, float] = field(default_factory=dict)  # launches-table idx -> replayed GPU idle
     host_factor: float = 1.0  # the per-event costs' scale for this trace's host (ProfilerCosts.scaled_for)
     costs: ProfilerCosts | None = None  # the per-event costs the replay charged, scaled for this trace's host
-    events_by_device: dict[int, dict[str, float]] = field(default_factory=dict)  # each device's process, per step
+
+    @property
+    def events_per_step(self) -> dict[str, float]:
+        """Events recorded per step, by kind, the mean over devices (summary's `profiler.events_per_step`)."""
+        counts = list(self.events_by_device.values())
+        return {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]} if counts else {}
 
     @property
     def steady(self) -> pl.DataFrame:
@@ -227,7 +232,7 @@ def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
         return Replay(empty, settings, {}, "no steps to replay")
     if not trace.ops.height and not trace.launches.height:
         return Replay(empty, settings, {}, "no CPU events: the profiler's CPU cost cannot be estimated")
-    frames, counts, idle_after_sync, by_device = [], [], {}, {}
+    frames, idle_after_sync, by_device = [], {}, {}
     for device, pid in sorted(trace.device_process.items()):
         mine = steps.filter(pl.col("pid").cast(pl.String) == pid)
         # A pid of ASCII digits (str.isdigit also takes "²", which int() refuses) that int() reads quickly.
@@ -235,14 +240,11 @@ def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
             continue
         frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("ts", "step"), settings, costs)
         frames.append(frame)
-        counts.append(per_step)
         by_device[device] = per_step
         idle_after_sync.update(idle)
     if not frames:
         return Replay(empty, settings, {}, "no step of the process that drives the GPU")
-    events = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
-    return Replay(pl.concat(frames).sort("step", "device"), settings, events, idle_after_sync=idle_after_sync,
-                  events_by_device=by_device)
+    return Replay(pl.concat(frames).sort("step", "device"), settings, by_device, idle_after_sync=idle_after_sync)
 
 
 def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
