@@ -166,3 +166,52 @@ def test_at102_finds_the_unfused_chain_without_shapes():
                                   "calibration/vit_small_infer.plain"])
 def test_at102_without_shapes_is_silent_on_fused_attention(name):
     assert findings(name, "AT102") == []
+
+
+# --- One step, one figure: the GPU a step behind the CPU ----------------------------------------------------------
+DATA = Path(__file__).parent / "data"
+
+
+def test_at402_steps_do_not_overlap_when_the_gpu_runs_a_step_behind():
+    # HTA's DDP rank: each step's kernels start ~160 ms after their launch and end in the next step. A window from
+    # a step's start to its GPU work's end overlapped the next one: "235 ms idle of 377 ms" per step, in 5 steps of
+    # ~216 ms (5 x 235 ms is more than the trace lasts).
+    from attntrace.summary import profiler_cost
+
+    trace = load(str(DATA / "hta_deep_queue_rank0_a100.json.gz"))
+    (f,) = [f for f in lint_trace(trace).findings if f["rule"] == "AT402"]
+    ev = f["evidence"]
+    marker_steps = trace.steps["end"] - trace.steps["ts"]
+    assert ev["recorded_window_us_per_step"] <= marker_steps.max() * 1.01
+    assert ev["recorded_idle_us_per_step"] < ev["recorded_window_us_per_step"]
+    # The figure summary gives as the step as recorded is AT402's.
+    assert profiler_cost(trace)["recorded_step_us"] == pytest.approx(ev["recorded_window_us_per_step"], abs=1)
+    # No steady step runs faster than the CPU needs for it: ~200 ms of CPU per step without the profiler (216 ms
+    # recorded, 16 ms of it the profiler's); the drained queue's steps (165, 166 ms) made the median 166 ms.
+    replayed = trace.replay.steady
+    cpu = float(replayed["cpu_us"].median())
+    assert 190e3 < cpu < 205e3
+    assert ev["est_step_us"] >= cpu - 1
+    # The time it adds is idle (the GPU's work is the same): ~119 ms, not the median's 86 ms.
+    assert ev["est_idle_us_per_step"] > 110e3
+
+
+def test_at402_names_gaps_of_the_steps_it_judged():
+    # The first step of this capture (left out: 606 us against 396 us) had a 543 us gap before its kernel; it was
+    # quoted as the largest gap of steps whose windows were shorter than it.
+    (f,) = findings("bf16_gqa_fwd/flex", "AT402")
+    assert f["where"]["steps"] == [2, 3]
+    assert all(g["idle_us"] <= f["evidence"]["recorded_window_us_per_step"]
+               for g in f["evidence"]["largest_recorded_gaps"])
+
+
+def test_at501_takes_off_the_profiler_cost_the_replay_charges():
+    # One step of 30 launches whose calls ran 2.75x the calibration host's: the replay charges each call 4.1 us,
+    # AT501 took off the unscaled 1.5 us and quoted 450 us of launch cost without the profiler.
+    trace = load(str(DATA / "kineto_gpu_metrics_input.json.gz"))
+    (f,) = [f for f in lint_trace(trace).findings if f["rule"] == "AT501"]
+    per_call = trace.replay.costs.runtime_call_us
+    assert per_call > 4
+    ev = f["evidence"]
+    median_launch = ev["recorded_launch_cpu_us_per_step"] / ev["launches_per_step"]
+    assert ev["launch_cpu_us_per_step"] == pytest.approx(ev["launches_per_step"] * (median_launch - per_call))

@@ -22,7 +22,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     replayed = ctx.trace.replay
     if replayed.reason:
         raise Skip(f"the launch cost cannot be estimated without the profiler's own cost ({replayed.reason})")
-    costs = ctx.trace.shared.get("profiler_costs") or ProfilerCosts.default()
+    # The costs the replay charged, scaled to this trace's host: the launch cost quoted here and the step it is
+    # judged against take the same profiler cost off each call.
+    costs = replayed.costs or ProfilerCosts.default()
     ratio = ctx.params["launch_bound_ratio"]
     steady = replayed.steady.select("step", "device", "est_step_us", "est_idle_us")
     # Typical launch cost = launches x the step's median launch time, less the profiler's share of each call: one
