@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -143,7 +144,8 @@ def _parents_by_stack(ops: pl.DataFrame) -> list[int | None]:
     for idx, pid, tid, ts, end in ops.sort(["pid", "tid", "ts", "end"], descending=[False, False, False, True]
                                            ).select("idx", "pid", "tid", "ts", "end").iter_rows():
         stack = stacks.setdefault((pid, tid), [])
-        while stack and stack[-1][0] < ts:
+        # An op that starts where an open one ends follows it; only one of no length fits inside it.
+        while stack and (stack[-1][0] < ts or (stack[-1][0] == ts and end > ts)):
             stack.pop()
         parent[idx] = stack[-1][1] if stack else None
         stack.append((end, idx))
@@ -161,6 +163,25 @@ def test_op_parents_match_a_stack_of_open_ops():
                         "end": [10.0, 5.0, 3.0, 12.0, 11.5, 20.0, 4.0, 2.0]},
                        schema_overrides={"idx": pl.UInt32})
     assert optree.op_parents(ops) == _parents_by_stack(ops) == [None, 0, 1, 0, 5, 3, None, None]
+
+
+def test_an_op_starting_where_its_sibling_ended_is_its_sibling():
+    from attntrace.model import optree
+
+    # Whole-microsecond clocks (HTA's V100 trace): `aten::clone` [0, 10] runs `aten::empty_strided` [2, 5] and then
+    # `aten::copy_` [5, 8]; the copy was nested under empty_strided, a chain of its own and a second AT101 finding
+    # for one cause. A mark of no length at 8 still sits inside the copy.
+    ops = pl.DataFrame({"idx": range(4), "pid": [1] * 4, "tid": [1] * 4, "ts": [0.0, 2.0, 5.0, 8.0],
+                        "end": [10.0, 5.0, 8.0, 8.0]}, schema_overrides={"idx": pl.UInt32})
+    assert optree.op_parents(ops) == _parents_by_stack(ops) == [None, 0, 0, 2]
+    trace = load(str(Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"))
+    from attntrace.engine import lint_trace
+
+    clones = [f for f in lint_trace(trace).findings if f["rule"] == "AT101"
+              and f["where"]["op_chain"].startswith("CompiledFunction > aten::clone")]
+    (clone,) = clones
+    assert clone["where"]["op_chain"] == "CompiledFunction > aten::clone > aten::copy_"
+    assert clone["impact"]["gpu_us_per_step"] == pytest.approx(5139, abs=2)  # 3679 + 1461 us, one cause
 
 
 @pytest.mark.parametrize("collecting", [True, False])

@@ -18,17 +18,22 @@ def op_parents(ops: pl.DataFrame) -> list[int | None]:
     ordered = ops.select("idx", "pid", "tid", "ts", "end").sort(
         ["pid", "tid", "ts", "end"], descending=[False, False, False, True], maintain_order=True)
     same_thread = (pl.struct("pid", "tid") == pl.struct("pid", "tid").shift(1)).fill_null(False)
+    # An op that starts where the previous one ended follows it (whole-microsecond clocks make that common: an
+    # `aten::copy_` right after its sibling `aten::empty_strided`, nested under it, was a second finding of one
+    # cause); only an op of no length there fits inside it.
     ordered = ordered.with_columns(pl.col("idx").shift(1).alias("previous"),
-                                   (same_thread & (pl.col("end").shift(1) >= pl.col("ts"))).alias("inside"),
+                                   (same_thread & ((pl.col("end").shift(1) > pl.col("ts"))
+                                                   | ((pl.col("end").shift(1) == pl.col("ts"))
+                                                      & (pl.col("end") == pl.col("ts"))))).alias("inside"),
                                    same_thread.alias("same_thread"))
     parent: list[int | None] = (ordered.select(pl.col("idx"), pl.when("inside").then("previous").alias("parent"))
                                 .sort("idx")["parent"].to_list())
     climbing = ordered.filter(pl.col("same_thread") & ~pl.col("inside"))
     ends = ops["end"].to_list()
-    for idx, previous, ts in zip(climbing["idx"].to_list(), climbing["previous"].to_list(),
-                                 climbing["ts"].to_list(), strict=True):
+    for idx, previous, ts, end in zip(climbing["idx"].to_list(), climbing["previous"].to_list(),
+                                      climbing["ts"].to_list(), climbing["end"].to_list(), strict=True):
         up = parent[previous]
-        while up is not None and ends[up] < ts:
+        while up is not None and (ends[up] < ts or (ends[up] == ts and end > ts)):
             up = parent[up]
         parent[idx] = up
     return parent
