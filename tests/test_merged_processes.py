@@ -77,9 +77,12 @@ def test_a_cause_on_both_ranks_is_per_step_of_a_rank(tmp_path: Path):
     merged = lint_trace(load(_merged("workloads/launch_bound_tiny_ops", "workloads/launch_bound_tiny_ops",
                                      tmp_path))).findings
     one = _rule(alone, "AT501")["evidence"]
-    both = _rule(merged, "AT501")["evidence"]
-    assert both["launches_per_step"] == one["launches_per_step"]
-    assert both["recorded_launch_cpu_us_per_step"] == pytest.approx(one["recorded_launch_cpu_us_per_step"])
+    launch_bound = [f for f in merged if f["rule"] == "AT501"]
+    assert sorted(f["where"]["device"] for f in launch_bound) == [0, 1]  # one finding per device, as AT402's
+    for both in (f["evidence"] for f in launch_bound):
+        assert both["launches_per_step"] == one["launches_per_step"]
+        assert both["recorded_launch_cpu_us_per_step"] == pytest.approx(one["recorded_launch_cpu_us_per_step"])
+        assert both["launch_bound_steps"] == both["steps"] == one["steps"]
     idle = [f for f in merged if f["rule"] == "AT402"]
     assert sorted(f["where"]["device"] for f in idle) == [0, 1]
 
@@ -92,3 +95,32 @@ def test_a_share_of_the_steps_gpu_time_is_of_one_device(tmp_path: Path):
                                            tmp_path))).findings, "AT203")
     assert merged["evidence"]["share_of_step_gpu"] == pytest.approx(alone["evidence"]["share_of_step_gpu"])
     assert merged["evidence"]["share_of_step_gpu"] <= 1
+
+
+def test_each_rank_is_judged_against_its_own_device_and_host(tmp_path: Path):
+    # GPT-2 training (1 .item() per step) on rank 0, a launch-bound MLP loop with 4 host syncs per step and fp32
+    # GEMMs on rank 1 (both record_shapes H200 captures, their hosts 1.12x and 1.54x the calibration host's).
+    # Merged, rank 1's GEMMs were 8% of rank 0's compute (65% of its own), its launch-bound steps were outvoted
+    # ("5 of 8 steady steps", or silent), its syncs and rank 0's were one finding under rank 0's idle, and both
+    # ranks' costs were scaled by one factor over both processes' launches.
+    rank1 = lint_trace(load(sample("calibration/mlp_item_sync.shapes"))).findings
+    merged_trace = load(_merged("workloads/gpt2_eager_train", "calibration/mlp_item_sync.shapes", tmp_path))
+    merged = lint_trace(merged_trace).findings
+    gemms = [f for f in merged if f["rule"] == "AT201" and f["where"]["device"] == 1]
+    assert len(gemms) == 1
+    assert gemms[0]["evidence"]["share_of_compute"] == pytest.approx(
+        _rule(rank1, "AT201")["evidence"]["share_of_compute"], rel=0.01)
+    (launch_bound,) = [f for f in merged if f["rule"] == "AT501" and f["where"]["device"] == 1]
+    alone = _rule(rank1, "AT501")["evidence"]
+    assert launch_bound["evidence"]["launch_bound_steps"] == alone["launch_bound_steps"] == 5
+    assert launch_bound["evidence"]["steps"] == alone["steps"]
+    assert launch_bound["evidence"]["launch_cpu_us_per_step"] == pytest.approx(alone["launch_cpu_us_per_step"])
+    syncs = [f for f in merged if f["rule"] == "AT302" and f["where"]["device"] == 1]
+    assert syncs and not [f for f in merged if f["rule"] == "AT302" and f["where"]["device"] is None]
+    assert sum(f["evidence"]["syncs_per_step"] for f in syncs) == pytest.approx(
+        sum(f["evidence"]["syncs_per_step"] for f in rank1 if f["rule"] == "AT302"))
+    idle = {f["where"]["device"]: f["fingerprint"] for f in merged if f["rule"] == "AT402"}
+    assert all(f.get("cause") in (None, idle.get(1)) for f in syncs)
+    alone_factor = load(sample("calibration/mlp_item_sync.shapes")).replay.host_factor
+    assert merged_trace.replay.costs_of(1).runtime_call_us == pytest.approx(
+        merged_trace.replay.costs.runtime_call_us / merged_trace.replay.host_factor * alone_factor, rel=0.01)

@@ -158,7 +158,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             continue
         steps = ctx.steps_in(r.get("launch_pid") for r in rows)
         us_per_step = sum(r["dur"] for r in rows) / steps
-        if ctx.share_of_gpu(us_per_step) < ctx.params["min_share"]:
+        share = ctx.share_of_gpu(us_per_step, (r["device"] for r in rows))
+        if share < ctx.params["min_share"]:
             continue
         names = chain.split(" > ")
         asked_by = next((n for n in reversed(names) if n not in EXPLICIT_COPY_OPS and n not in ALLOCATION_OPS),
@@ -188,7 +189,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             where={"op_chain": chain, "kernel": rows[0]["name"], "steps": steps_in(rows)},
             evidence={"copies_per_step": count, "bytes_per_copy": per_copy,
                       "bytes_per_step": per_copy * count if per_copy else None, "largest_copy_bytes": largest,
-                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": ctx.share_of_gpu(us_per_step),
+                      "gpu_us_per_step": us_per_step, "share_of_step_gpu": share,
                       "launch_api": rows[0]["launch_api"],
                       "in_unfused_attention": all(set(ctx.trace.op_ancestors(r["op"])) & attention_ops
                                                   for r in rows)},

@@ -92,14 +92,16 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if "unknown" in groups and "fp32-inputs" in groups:
         groups["fp32-inputs"].extend(groups.pop("unknown"))
         reasons["fp32-inputs"] |= reasons.pop("unknown")
-    # Shares of compute: the GEMMs compete with compute, not with communication running beside it.
-    compute_us = ctx.step_compute_us or ctx.step_gpu_us
     speedup = ctx.params["expected_speedup"]
     findings = []
     for cause, rows in sorted(groups.items()):
         chains = sorted({r["chain"] for r in rows}, key=lambda c: (-sum(r["chain"] == c for r in rows), c))
         steps = ctx.steps_in(r["launch_pid"] for r in rows)
         us_per_step = sum(r["dur"] for r in rows) / steps
+        # Shares of compute: the GEMMs compete with compute, not with communication running beside it; of the
+        # devices they ran on.
+        devices = {r["device"] for r in rows}
+        compute_us = ctx.gpu_us_of(devices, "compute_us") or ctx.gpu_us_of(devices)
         share = us_per_step / compute_us if compute_us else 0.0
         if share < ctx.params["min_share"]:
             continue
@@ -118,7 +120,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             evidence={"cause": cause, "gemms_per_step": len(rows) / steps, "kernels": kernels[:20],
                       "op_chains": chains[:20], "op_chain_count": len(chains),
                       "gpu_us_per_step": us_per_step, "share_of_compute": share, "compute_us_per_step": compute_us,
-                      "share_of_step_gpu": ctx.share_of_gpu(us_per_step), "assumed_tensor_core_speedup": speedup},
+                      "share_of_step_gpu": ctx.share_of_gpu(us_per_step, devices),
+                      "assumed_tensor_core_speedup": speedup},
             gpu_us_per_step=saved,
             assumption=f"if tensor cores run these GEMMs {speedup:g}x faster",
             device=rows[0]["device"],

@@ -21,7 +21,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         return []
     steps = ctx.steps_in(kernels["launch_pid"].to_list())
     us_per_step = float(kernels["dur"].sum()) / steps
-    share = ctx.share_of_gpu(us_per_step)
+    share = ctx.share_of_gpu(us_per_step, kernels["device"].to_list())
     if share < ctx.params["min_share"]:
         return []
     by_name = {name: float(rows["dur"].sum()) / steps

@@ -26,15 +26,22 @@ def _held(ctx: Context, syncs: pl.DataFrame, replayed: Replay) -> pl.DataFrame:
     ops = (ctx.trace.ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.contains("::", literal=True))
            .select(pl.col("idx").cast(pl.Int64).alias("op"), pl.col("dur").alias("op_us")))
     calls = ctx.trace.launches_linked.filter(pl.col("op").is_not_null()).group_by("op").len("op_calls")
-    costs = replayed.costs
-    op_cost = costs.op_cost(replayed.settings) if costs is not None else 0.0
-    call_cost = costs.runtime_call_us if costs is not None else 0.0
+    # The profiler's cost per op and per runtime call charged to each device's process (its host's scale).
+    devices = syncs["device"].unique().to_list()
+    charged = {d: replayed.costs_of(d) for d in devices}
+    per_device = pl.DataFrame(
+        {"device": devices,
+         "op_cost": [c.op_cost(replayed.settings) if c is not None else 0.0 for c in charged.values()],
+         "call_cost": [c.runtime_call_us if c is not None else 0.0 for c in charged.values()]},
+        schema={"device": syncs.schema["device"], "op_cost": pl.Float64, "call_cost": pl.Float64})
+    op_cost, call_cost = pl.col("op_cost"), pl.col("call_cost")
     return (syncs.join(ops, on="op", how="left").join(calls, on="op", how="left")
+            .join(per_device, on="device", how="left", nulls_equal=True)
             .with_columns(pl.coalesce("op_us", "dur").alias("blocked_us"))
             .with_columns(pl.max_horizontal(
                 pl.lit(SYNC_FLOOR_US), pl.col("blocked_us") - pl.when(pl.col("op_us").is_not_null()).then(
                     op_cost + call_cost * pl.col("op_calls").fill_null(0)).otherwise(call_cost)).alias("held_est_us"))
-            .drop("op_us", "op_calls"))
+            .drop("op_us", "op_calls", "op_cost", "call_cost"))
 
 
 def _idle_after(ctx: Context, syncs: pl.DataFrame) -> list[float | None]:
@@ -134,12 +141,15 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                                pl.Series("recorded_idle_us", recorded_idle, dtype=pl.Float64))
     steady = replayed.per_device()
     est_step = {d: s for d, s in steady.select("device", "est_step_us").iter_rows()}
-    groups: dict[str, list[dict[str, Any]]] = {}
+    # Per op chain and device: in a merged trace of two ranks, one rank's sync per step and the other's four were
+    # one finding ("23 host syncs in 8 steps"), nested under the first rank's idle.
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in syncs.iter_rows(named=True):
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no op: a direct runtime call)"
-        groups.setdefault(chain, []).append(row)
+        groups.setdefault((chain, row["device"] if row["device"] is not None else -1), []).append(row)
+    several_devices = len({device for _, device in groups}) > 1
     findings = []
-    for chain, rows in sorted(groups.items()):
+    for (chain, device), rows in sorted(groups.items()):
         steps = ctx.steps_in(r["pid"] for r in rows)
         per_step = len(rows) / steps
         recorded_per_step = sum(r["recorded_idle_us"] or 0.0 for r in rows) / steps
@@ -161,7 +171,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                     f"{fmt_us(idle_per_step)} per {where_step} ({100 * share:.1f}% of it)")
         findings.append(ctx.finding(
             op=rows[0]["op"],
-            key=chain,
+            key=f"{chain}|{device}" if several_devices else chain,
             device=rows[0]["device"],
             message=(f"{ctx.per_step(len(rows), 'host sync', steps=steps)} from {cause}, via {chain} "
                      f"({', '.join(apis)}); the "

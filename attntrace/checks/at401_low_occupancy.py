@@ -55,7 +55,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     findings = []
     for k in per_kernel.iter_rows(named=True):
         us_per_step = k["us"] / ctx.steps_of_ops(k["ops"])
-        share = ctx.share_of_gpu(us_per_step)
+        share = ctx.share_of_gpu(us_per_step, [k["device"]])
         if share < ctx.params["min_share"] or us_per_step < ctx.params["min_gpu_us"]:
             continue
         if _owner(ctx, k):

@@ -22,33 +22,47 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     replayed = ctx.trace.replay
     if replayed.reason:
         raise Skip(f"the launch cost cannot be estimated without the profiler's own cost ({replayed.reason})")
-    # The costs the replay charged, scaled to this trace's host: the launch cost quoted here and the step it is
-    # judged against take the same profiler cost off each call.
-    costs = replayed.costs or ProfilerCosts.default()
+    # The costs the replay charged to each device's process, scaled to its host: the launch cost quoted here and
+    # the step it is judged against take the same profiler cost off each call.
+    owner_costs = {d: replayed.costs_of(d) or ProfilerCosts.default() for d in ctx.trace.device_process}
     ratio = ctx.params["launch_bound_ratio"]
     steady = replayed.steady.select("step", "device", "est_step_us", "est_idle_us")
     # Typical launch cost = launches x the step's median launch time, less the profiler's share of each call: one
     # launch that loads a CUDA module lazily can take seconds and would otherwise make a GPU-bound step look
     # launch-bound.
     # Per step of each process (merged ranks number their steps alike), joined to the device that process drives.
-    owner = pl.DataFrame({"device": list(ctx.trace.device_process), "pid": list(ctx.trace.device_process.values())},
-                         schema={"device": pl.Int64, "pid": pl.String})
+    owner = pl.DataFrame({"device": list(ctx.trace.device_process), "pid": list(ctx.trace.device_process.values()),
+                          "call_cost": [owner_costs[d].runtime_call_us for d in ctx.trace.device_process]},
+                         schema={"device": pl.Int64, "pid": pl.String, "call_cost": pl.Float64})
     typical = (ctx.trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_not_null())
                .group_by("step", pl.col("pid").cast(pl.String))
                .agg(pl.col("dur").median().alias("median_launch_us"),
                     (pl.len() * pl.col("dur").median()).alias("recorded_launch_us")))
     steps = (steps.join(steady, on=["step", "device"], how="inner", nulls_equal=True)
-             .join(owner, on="device", how="left").join(typical, on=["step", "pid"], how="left").drop("pid")
+             .join(owner, on="device", how="left").join(typical, on=["step", "pid"], how="left")
              .with_columns(pl.col("median_launch_us", "recorded_launch_us").fill_null(0.0))
-             .with_columns((pl.col("launches") * (pl.col("median_launch_us") - costs.runtime_call_us)
+             .with_columns(pl.col("call_cost").fill_null(ProfilerCosts.default().runtime_call_us))
+             .with_columns((pl.col("launches") * (pl.col("median_launch_us") - pl.col("call_cost"))
                             .clip(lower_bound=1.0)).alias("typical_launch_us")))
-    if not steps.height:
-        return []
-    bound = steps.filter((pl.col("typical_launch_us") > ratio * pl.col("gpu_busy_us"))
-                         & (pl.col("launches") >= ctx.params["min_launches"]))
-    if bound.height * 2 <= steps.height:
-        return []
-    launches = ctx.trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_in(bound["step"].to_list()))
+    devices = sorted(steps["device"].drop_nulls().unique().to_list())
+    findings = []
+    # Each device on its own: in a merged trace of two ranks, one launch-bound rank's 5 steps were outvoted by
+    # the other's ("5 of 10 steps": silent) or counted with them ("5 of 8 steady steps", 5 steps in the file).
+    for device in devices:
+        mine = steps.filter(pl.col("device") == device)
+        bound = mine.filter((pl.col("typical_launch_us") > ratio * pl.col("gpu_busy_us"))
+                            & (pl.col("launches") >= ctx.params["min_launches"]))
+        if bound.height * 2 > mine.height:
+            key = "launch-bound" if len(devices) == 1 else f"launch-bound|{device}"
+            findings.append(_finding(ctx, device, key, mine, bound))
+    return findings
+
+
+def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl.DataFrame) -> dict[str, Any]:
+    """The finding for one device's launch-bound steps (`bound`, of its steady `steps`)."""
+    pid = ctx.trace.device_process.get(device)
+    launches = ctx.trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_in(bound["step"].to_list())
+                                                & (pl.col("pid").cast(pl.String) == str(pid)))
     per_api = (launches.group_by("name").agg(
         pl.len().alias("calls"), pl.col("dur").median().alias("median_us"),
         pl.col("dur").quantile(0.95, "nearest").alias("p95_us")).sort("name"))
@@ -68,8 +82,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     # What one graph launch instead of the step's launches saves the CPU; the step shrinks by that much at most,
     # and by no more than the idle it has (the GPU's own time stays).
     saving = max(0.0, min(launch_us - GRAPH_LAUNCH_US, est_idle))
-    return [ctx.finding(
-        key="launch-bound",
+    return ctx.finding(
+        key=key,
+        device=device,
         message=(f"{bound.height} of {steps.height} steady steps are launch-bound: {count:.0f} launches per step "
                  f"cost ~{fmt_ms(launch_us)} of CPU without the profiler ({fmt_ms(recorded_launch_us)} as recorded, "
                  f"{launch_us / max(count, 1):.1f} us per launch), more than the GPU's {fmt_ms(gpu_us)} of work"
@@ -88,4 +103,4 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                     "profiler"),
         step_us=est_step,
         fix=ctx.rule.docs["fix"],
-    )]
+    )

@@ -89,17 +89,6 @@ class Context:
             return float(replayed.table.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())
         return self._largest_device_mean("step_us")
 
-    @cached_property
-    def step_gpu_us(self) -> float:
-        """Mean GPU busy time per step, of the busiest device (as step_us is the slowest device's): pooled over two
-        ranks' devices, one rank's fp32 attention came out as 166% of the step's GPU time."""
-        return self._largest_device_mean("gpu_busy_us")
-
-    @cached_property
-    def step_compute_us(self) -> float:
-        """Mean GPU compute time per step (busy time without communication kernels), of the busiest device."""
-        return self._largest_device_mean("compute_us")
-
     def _largest_device_mean(self, column: str) -> float:
         if not self.steps.height:
             return 0.0
@@ -140,8 +129,21 @@ class Context:
                                schema={"op": pl.Int64, "under": pl.Int64})
         return self.gpu.with_columns(pl.col("op").cast(pl.Int64)).join(mapping, on="op", how="inner").sort("idx")
 
-    def share_of_gpu(self, us_per_step: float) -> float:
-        return us_per_step / self.step_gpu_us if self.step_gpu_us else 0.0
+    def gpu_us_of(self, devices: Iterable[Any] = (), column: str = "gpu_busy_us") -> float:
+        """Mean GPU time per step (`column` of the step table) of the devices a finding's rows ran on, the mean over
+        them (its per-step time is over each one's steps, Context.steps_in); of the busiest device where none is
+        known. In a merged trace of two ranks, one rank's fp32 GEMMs were 8% of the busier rank's compute and 65% of
+        their own."""
+        chosen = sorted({int(d) for d in devices if d is not None})
+        if not chosen:
+            return self._largest_device_mean(column)
+        means = self.steps.filter(pl.col("device").is_in(chosen)).group_by("device").agg(pl.col(column).mean())
+        return float(means[column].mean()) if means.height else self._largest_device_mean(column)
+
+    def share_of_gpu(self, us_per_step: float, devices: Iterable[Any] = ()) -> float:
+        """A per-step GPU time's share of the GPU time per step of the devices it ran on (gpu_us_of)."""
+        gpu = self.gpu_us_of(devices)
+        return us_per_step / gpu if gpu else 0.0
 
     def op_types(self, op: int | None) -> list[str]:
         if op is None:

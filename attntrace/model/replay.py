@@ -144,6 +144,11 @@ class Replay:
     idle_after_sync: dict[int, float] = field(default_factory=dict)  # launches-table idx -> replayed GPU idle
     host_factor: float = 1.0  # the per-event costs' scale for this trace's host (ProfilerCosts.scaled_for)
     costs: ProfilerCosts | None = None  # the per-event costs the replay charged, scaled for this trace's host
+    costs_by_device: dict[int, ProfilerCosts] = field(default_factory=dict)  # each device's process's, scaled
+
+    def costs_of(self, device: Any) -> ProfilerCosts | None:
+        """The costs charged to the process that drives `device` (a merged trace's ranks ran on their own hosts)."""
+        return self.costs_by_device.get(device, self.costs)
 
     @property
     def events_per_step(self) -> dict[str, float]:
@@ -224,15 +229,21 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     # graph-replaying trace read as one scaled its costs 3x and charged more profiler time than its step lasted).
     kernel_launches = trace.launches.filter(pl.col("is_launch") & pl.col("name").str.starts_with("cu")
                                             & ~pl.col("name").is_in(GRAPH_LAUNCH_APIS))
-    launch_us = kernel_launches["dur"].median() if kernel_launches.height else None
-    costs, factor = costs.scaled_for(float(launch_us) if launch_us is not None else None)
-    result = _replay(trace, costs)
-    result.host_factor = round(factor, 3)
-    result.costs = costs
+    # Each process on its own host's scale: ranks merged into one file ran on their own CPUs (two H200 captures
+    # at 1.12x and 1.54x were scaled 1.31x each, merged).
+    medians = {str(pid): float(us) for pid, us in kernel_launches.group_by(pl.col("pid").cast(pl.String))
+               .agg(pl.col("dur").median()).iter_rows()}
+    scaled = {device: costs.scaled_for(medians.get(pid)) for device, pid in sorted(trace.device_process.items())}
+    result = _replay(trace, {device: c for device, (c, _) in scaled.items()})
+    # The first device's, as summary gives one (a single process: its only one); with no device, the trace's.
+    pooled = kernel_launches["dur"].median() if kernel_launches.height else None
+    first = next(iter(scaled.values()), None) or costs.scaled_for(float(pooled) if pooled is not None else None)
+    result.costs, result.host_factor = first[0], round(first[1], 3)
+    result.costs_by_device = {device: c for device, (c, _) in scaled.items()}
     return result
 
 
-def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
+def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts]) -> Replay:
     settings = settings_of(trace.meta.flags, trace.has_shapes, trace.python.height)
     steps = trace.steps.filter(~pl.col("capture"))
     empty = pl.DataFrame(schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
@@ -251,7 +262,8 @@ def _replay(trace: Any, costs: ProfilerCosts) -> Replay:
         # A pid of ASCII digits (str.isdigit also takes "²", which int() refuses) that int() reads quickly.
         if not mine.height or not re.fullmatch(r"-?[0-9]{1,40}", pid):
             continue
-        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("ts", "step"), settings, costs)
+        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("ts", "step"), settings,
+                                               costs_by_device[device])
         frames.append(frame)
         by_device[device] = per_step
         idle_after_sync.update(idle)
