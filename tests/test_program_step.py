@@ -92,7 +92,15 @@ def test_a_step_without_gpu_work_is_not_the_programs_pace():
     # HTA's MI250 toy training trace: step 1 runs 9.1 ms with 149 us of GPU work, step 2 is a ProfilerStep around
     # nothing (49 us). The steady filter (1.5x the shortest step) kept step 2 alone: the summary's step was 49 us
     # with no GPU work, and AT302's 64 us of idle came out larger than that step.
-    replay = load(str(Path(__file__).parent / "data" / "hta_mi250_rocm6_2.json.gz")).replay
-    steady = replay.per_device()
+    trace = load(str(Path(__file__).parent / "data" / "hta_mi250_rocm6_2.json.gz"))
+    steady = trace.replay.per_device()
     assert steady["steps"].to_list() == [1]
     assert steady["gpu_busy_us"][0] > 100 and steady["est_step_us"][0] > 9000
+    # Counts per step are over the working step too: both blocking copies ran in step 1 ("1 host sync per step,
+    # 64 us" was over both steps), and AT402 quoted half the ops whose cost it gave.
+    assert trace.step_count == 1
+    findings = lint_trace(trace).findings
+    (sync,) = [c for f in findings for c in [f, *f.get("consequences", [])] if c["rule"] == "AT302"]
+    assert sync["evidence"]["syncs_per_step"] == 2 and "2 host syncs per step" in sync["message"]
+    (idle,) = [f for f in findings if f["rule"] == "AT402"]
+    assert "(71 ops, 20 runtime calls per step recorded)" in idle["message"]

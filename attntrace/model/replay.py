@@ -408,8 +408,10 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             if stop > latest_replayed:
                 latest_replayed = stop
 
-    per_step_events = {"cpu_ops": ops.height / steps.height, "runtime_calls": launches.height / steps.height,
-                       "python_functions": python.height / steps.height}
+    # Per step that ran GPU work, as the rules count (Trace.steps_per_process): an empty trailing step halved them.
+    count = trace.steps_per_process.get(str(pid)) or steps.height
+    per_step_events = {"cpu_ops": ops.height / count, "runtime_calls": launches.height / count,
+                       "python_functions": python.height / count}
     return (_per_step(trace, device, steps, clock, new_start, new_end), per_step_events,
             _idle_after_syncs(sync_returns, new_start))
 
