@@ -10,7 +10,7 @@ writes OUT_DIR/WORKLOAD.SETTING.rN.pt.trace.json.gz and OUT_DIR/rounds.json ({"_
 [{"round", "profiled_ms", "unprofiled_before_ms", "unprofiled_after_ms", "active_steps"}, ...]}}).
 
 Here (no GPU, no torch):
-    python bench/profiler_rounds.py report TRACE_DIR [TRACE_DIR ...]
+    python bench/profiler_rounds.py report [--out RESULTS_JSON] TRACE_DIR [TRACE_DIR ...]
 replays every trace with attntrace, writes what it found per capture into sample_traces/calibration/rounds_results.json
 (committed; the traces are not: the device takes a working tree of 64 MiB and this one is 62) and prints the per-case
 medians: replayed step against un-profiled step (the 15% bar of issue 22) and AT402 against the real idle.
@@ -43,6 +43,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
         HELD_OUT,
         HELD_OUT_3,
         HELD_OUT_4,
+        HELD_OUT_5,
         SETTINGS,
         WORKLOADS,
         capture,
@@ -52,7 +53,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
 
     out.mkdir(parents=True, exist_ok=True)
     factories = {**WORKLOADS, **HELD_OUT, **GPU_BOUND, **COMPILED_HELD_OUT, **COMPILED_HELD_OUT_2, **HELD_OUT_3,
-                 **HELD_OUT_4}
+                 **HELD_OUT_4, **HELD_OUT_5}
     names = names or list(factories)
     results: dict[str, Any] = {"_host": host_info(), "_rounds": rounds}
     steps = {}
@@ -197,7 +198,10 @@ def main(argv: list[str]) -> int:
             names = names[2:]
         return capture_rounds(Path(argv[1]), rounds, names, only)
     if argv[:1] == ["report"] and len(argv) >= 2:
-        return replay_captures([Path(a) for a in argv[1:]], RESULTS)
+        dirs, results = argv[1:], RESULTS
+        if dirs[:1] == ["--out"]:  # a later set's results beside the committed ones, not over them
+            results, dirs = Path(dirs[1]), dirs[2:]
+        return replay_captures([Path(a) for a in dirs], results)
     if argv[:1] == ["table"]:
         return print_tables(json.loads(Path(argv[1] if len(argv) > 1 else RESULTS).read_text()))
     print(__doc__, file=sys.stderr)
