@@ -215,3 +215,18 @@ def test_at501_takes_off_the_profiler_cost_the_replay_charges():
     ev = f["evidence"]
     median_launch = ev["recorded_launch_cpu_us_per_step"] / ev["launches_per_step"]
     assert ev["launch_cpu_us_per_step"] == pytest.approx(ev["launches_per_step"] * (median_launch - per_call))
+
+
+def test_at501_and_at402_give_one_step():
+    # GPT-2 generate(): AT402 and summary said 107.873 ms per step (the CPU's median, which no step is shorter
+    # than), the AT501 nested in it 107.639 ms (the steps' own median), and an idle 234 us apart.
+    from attntrace.summary import profiler_cost
+
+    trace = load(sample("heldout/gpt2_generate.plain"))
+    findings = lint_trace(trace).findings
+    (idle,) = [f for f in findings if f["rule"] == "AT402"]
+    (launch,) = [f for f in findings if f["rule"] == "AT501"]
+    assert launch.get("cause") == idle["fingerprint"]
+    assert launch["evidence"]["est_step_us"] == idle["evidence"]["est_step_us"] == pytest.approx(
+        profiler_cost(trace)["est_step_us"], abs=0.01)
+    assert launch["evidence"]["est_idle_us_per_step"] == idle["evidence"]["est_idle_us_per_step"]

@@ -77,8 +77,9 @@ def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl
     recorded_launch_us = float(bound["recorded_launch_us"].median())
     gpu_us = float(bound["gpu_busy_us"].median())
     count = float(bound["launches"].median())
-    est_step = float(bound["est_step_us"].median())
-    est_idle = float(bound["est_idle_us"].median())
+    # The step of these steps as AT402 and summary give it (Replay.per_device: medians, no shorter than the CPU's).
+    pace = ctx.trace.replay.per_device(bound["step"].to_list()).filter(pl.col("device") == device).row(0, named=True)
+    est_step, est_idle = pace["est_step_us"], pace["est_idle_us"]
     # What one graph launch instead of the step's launches saves the CPU; the step shrinks by that much at most,
     # and by no more than the idle it has (the GPU's own time stays).
     saving = max(0.0, min(launch_us - GRAPH_LAUNCH_US, est_idle))

@@ -170,16 +170,17 @@ class Replay:
         return self.table.filter((pl.col("recorded_us") <= STEADY_RATIO * shortest)
                                  & (working | ~working.any().over("device")))
 
-    def per_device(self) -> pl.DataFrame:
-        """Medians over the steady steps, per device (a step's numbers are the median steady step's, not a mean
-        over 3 to 5 samples that a one-off stall can move).
+    def per_device(self, steps: list[int] | None = None) -> pl.DataFrame:
+        """Medians over the steady steps (or those of them in `steps`), per device (a step's numbers are the median
+        steady step's, not a mean over 3 to 5 samples that a one-off stall can move).
         No steady step is shorter than the CPU time it needs: with the GPU a step or more behind the CPU, the
         chained steps end where each step's GPU work does, and a queue that drains shifts time from step to step
         (HTA's rank-0 trace: 368, 165, 200, 166, 83 ms for 200 ms of CPU in each). The step is then the CPU's
         median (no longer than the recorded step's: taking the profiler's cost away never lengthens a step), and the
         time it adds is idle: the GPU's work is the same."""
         # The step as recorded is its chained window, as the estimate's is (AT402 quotes the same figure).
-        medians = self.steady.group_by("device").agg(
+        steady = self.steady if steps is None else self.steady.filter(pl.col("step").is_in(steps))
+        medians = steady.group_by("device").agg(
             pl.len().alias("steps"), (pl.col("window_end") - pl.col("window_ts")).median().alias("recorded_us"),
             pl.col("est_step_us", "gpu_busy_us", "est_idle_us", "profiler_cpu_us", "cpu_us").median())
         lift = (pl.min_horizontal("cpu_us", "recorded_us") - pl.col("est_step_us")).clip(lower_bound=0.0)
