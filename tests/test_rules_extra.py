@@ -230,3 +230,16 @@ def test_at501_and_at402_give_one_step():
     assert launch["evidence"]["est_step_us"] == idle["evidence"]["est_step_us"] == pytest.approx(
         profiler_cost(trace)["est_step_us"], abs=0.01)
     assert launch["evidence"]["est_idle_us_per_step"] == idle["evidence"]["est_idle_us_per_step"]
+
+
+def test_at101_the_same_copies_with_and_without_shapes():
+    # ViT-S training: the backward of `unbind` (q, k, v from one tensor) concatenates its gradients, 12 copies per
+    # step on the same op chain in every capture. With shapes, `aten::cat`'s inputs read ['TensorList', 'Scalar'],
+    # which the dtype test took for a cast: the copies showed only in the capture without shapes.
+    def unbind(name: str) -> list[dict]:
+        return [f for f in findings(name, "AT101") if f["where"]["op_chain"].endswith("UnbindBackward0 > aten::stack"
+                                                                                      " > aten::cat")]
+    (plain,) = unbind("heldout/vit_small_train.plain")
+    (shaped,) = unbind("heldout/vit_small_train.shapes")
+    assert shaped["evidence"]["gpu_us_per_step"] == pytest.approx(plain["evidence"]["gpu_us_per_step"], rel=0.01)
+    assert shaped["identity"] == plain["identity"]

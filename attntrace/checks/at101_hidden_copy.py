@@ -91,8 +91,12 @@ def _copy_bytes(ctx: Context, row: dict[str, Any]) -> float | None:
 def _is_cast(ctx: Context, op: int | None, chain: list[str]) -> bool:
     if any(name in CAST_OPS for name in chain):
         return True
+    # copy_(dst, src) between dtypes. Only copy_: `aten::cat`'s inputs read ['TensorList', 'Scalar'], and its
+    # copies were taken for a cast (a ViT's UnbindBackward0 copies showed only in the capture without shapes).
+    if op is None or ctx.trace.op_names[op] != "aten::copy_":
+        return False
     types = ctx.op_types(op)
-    return len(types) >= 2 and types[0] != types[1]  # copy_(dst, src) between dtypes
+    return len(types) >= 2 and types[0] != types[1]
 
 
 def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
