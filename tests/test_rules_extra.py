@@ -243,3 +243,17 @@ def test_at101_the_same_copies_with_and_without_shapes():
     (shaped,) = unbind("heldout/vit_small_train.shapes")
     assert shaped["evidence"]["gpu_us_per_step"] == pytest.approx(plain["evidence"]["gpu_us_per_step"], rel=0.01)
     assert shaped["identity"] == plain["identity"]
+
+
+def test_at102_counts_the_copies_its_matmuls_make():
+    # Hugging Face BERT in eager attention: AT101's 12 copies per step under `aten::matmul > aten::reshape >
+    # aten::clone` (599.5 us, gone with SDPA) were nested in AT102 as counted in its cause, and AT102 claimed
+    # 988.6 us without them (the timed eager -> SDPA saving was 1.93 ms, sample_traces/from_trace/).
+    trace = load(sample("from_trace/bert_infer_eager"))
+    found_all = lint_trace(trace).findings
+    (cause,) = [f for f in found_all if f["rule"] == "AT102"]
+    nested = [f for f in found_all if f["rule"] == "AT101" and f.get("cause") == cause["fingerprint"]]
+    assert nested and all(f["where"]["op_chain"].startswith("aten::matmul >") for f in nested)
+    copies = sum(f["evidence"]["gpu_us_per_step"] for f in nested)
+    assert cause["evidence"]["matmul_copy_gpu_us_per_step"] == pytest.approx(copies)
+    assert cause["impact"]["gpu_us_per_step"] == pytest.approx(988.6 + copies, abs=1)
