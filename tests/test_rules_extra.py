@@ -257,3 +257,18 @@ def test_at102_counts_the_copies_its_matmuls_make():
     copies = sum(f["evidence"]["gpu_us_per_step"] for f in nested)
     assert cause["evidence"]["matmul_copy_gpu_us_per_step"] == pytest.approx(copies)
     assert cause["impact"]["gpu_us_per_step"] == pytest.approx(988.6 + copies, abs=1)
+
+
+def test_at101_fixes_fit_where_the_copy_is_made():
+    # The flash backward copies q/k/v made contiguous as [B, H, S, D] back to [B, S, H, D] memory: its fix said to
+    # avoid the fused op. Inside SDPA's math backend, the call already passes un-repeated K/V with
+    # enable_gqa=True: its fix asked for exactly that.
+    (flash,) = findings("bf16_causal_fwdbwd/sdpa_flash", "AT101")
+    assert "_flash_attention_backward" in flash["where"]["op_chain"]
+    assert "x.view(b, s, h, d).transpose(1, 2)" in flash["fix"] and "avoids" not in flash["fix"]
+    repeats = [f for f in findings("bf16_decode_kvcache/sdpa_math", "AT101")
+               if "repeat_interleave" in f["where"]["op_chain"]]
+    assert repeats and all("math backend repeats the key/value heads itself" in f["fix"] for f in repeats)
+    # A model's own repeat_kv keeps the fix that asks for enable_gqa=True.
+    (model,) = [f for f in findings("from_trace/llama_generate_eager", "AT101") if "enable_gqa=True" in f["fix"]]
+    assert "_scaled_dot_product_attention_math" not in model["where"]["op_chain"]

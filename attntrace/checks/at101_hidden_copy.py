@@ -29,6 +29,7 @@ FIXES = {
                          "`F.scaled_dot_product_attention(q, k, v, is_causal=True)`.",
 }
 BACKWARD_NODE = re.compile(r"^(?:torch::autograd::)?([A-Za-z0-9_]+?)Backward\d*$")
+FUSED_ATTENTION_NODE = re.compile(r"^ScaledDotProduct(?:Flash|Efficient|Cudnn|FusedAttentionOverrideable)?Attention$")
 LAYOUT_BACKWARD = {"View", "Reshape", "UnsafeView", "Transpose", "Permute", "Expand", "T", "Select", "Slice"}
 
 
@@ -41,6 +42,16 @@ def backward_fix(node: str) -> str | None:
         return None
     forward = match.group(1)
     name = re.sub(r"(?<!^)(?=[A-Z])", "_", forward).lower()
+    if FUSED_ATTENTION_NODE.match(forward):
+        # The fused kernel's backward reads q, k, v, the output and its gradient in [batch, seq, heads, head_dim]
+        # memory: inputs made contiguous as [batch, heads, seq, head_dim] are copied back (two `aten::contiguous`
+        # of [4, 2048, 16, 64] tensors with strides [2097152, 64, 131072, 1] in one flash backward on an H200);
+        # Hugging Face's projections, viewed and transposed, make none. Avoiding the fused op is no fix.
+        return (f"The copy is made inside the fused attention's backward (`{node}`), which reads q, k, v, the "
+                "output and its gradient in [batch, seq, heads, head_dim] memory: build q, k and v as views of the "
+                "projection's output, `x.view(b, s, h, d).transpose(1, 2)`, rather than contiguous [batch, heads, "
+                "seq, head_dim] tensors (no `.contiguous()` after the transpose), and let the output keep the "
+                "layout the kernel gives it.")
     if forward == "MaskedFill":
         return (f"The copy is made in backward by `{node}`, the gradient of the forward `masked_fill` of the "
                 "attention scores; `masked_fill_` or `torch.no_grad()` in forward do not remove it. Replace the "
@@ -71,6 +82,10 @@ GQA_FIX = ("This repeats the key/value heads for grouped-query attention (repeat
            "seq, head_dim] expand made contiguous): pass the un-repeated K and V to "
            "`F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` (PyTorch >= 2.5) or to FlexAttention "
            "(`enable_gqa=True`), which read each KV head once for its group of query heads.")
+SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
+MATH_GQA_FIX = ("SDPA's math backend repeats the key/value heads itself for `enable_gqa=True` (the call already passes "
+                "un-repeated K and V): a fused backend (flash, cuDNN, efficient) reads each KV head once for its "
+                "group of query heads. Let SDPA pick one; the math backend's own finding (AT202) says why it ran.")
 REPEAT_OPS = {"aten::reshape", "aten::flatten", "aten::contiguous", "aten::repeat_interleave"}
 GENERIC_FIX = ("Find the op that copies (the op chain names it) and give it an input it can use as is: the "
                "in-place variant, a contiguous layout produced once outside the loop, or a fused op.")
@@ -171,8 +186,12 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         ddp = any(DDP.search(n) for n in names)
         compiled = asked_by.startswith("CompiledFunction")
         in_backward = next((fix for fix in map(backward_fix, names) if fix), None)
+        # Inside SDPA's math backend the repeat is the backend's own (`enable_gqa=True` given, as the fix for a
+        # model's repeat_kv asks): leaving the math backend removes it (AT202 says why it ran).
+        inside_math = SDPA_MATH_OP in names
         fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else in_backward or (
-            GQA_FIX if _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
+            MATH_GQA_FIX if inside_math and _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
+            else GQA_FIX if _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
             else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX))
         count = len(rows) / steps
         # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the
