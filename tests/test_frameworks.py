@@ -16,7 +16,8 @@ def _by_rule(name: str) -> dict[str, dict[str, Any]]:
 
 def test_generate_gets_the_static_cache_and_compile_switch():
     found = _by_rule("calibration/llama_generate.shapes_stack")
-    assert found["AT501"]["where"]["framework"] == "transformers"
+    assert found["AT501"]["where"]["framework"] == "transformers generate()"
+    assert found["AT402"]["fix"].startswith("For `generate()`")
     assert found["AT501"]["fix"].startswith("For `generate()`, compile the decode step with a static cache")
     assert "In plain PyTorch:" in found["AT501"]["fix"]
 
@@ -79,3 +80,12 @@ def test_an_idle_under_the_threshold_without_the_profiler_says_what_is_left():
     (idle,) = undetermined.findings
     assert idle["evidence"]["undetermined"] and idle["impact"]["gpu_us_per_step"] > 1000
     assert undetermined.info["impact_gpu_us_per_step"] == 0
+
+
+def test_a_transformers_model_outside_generate_and_the_trainer_is_not_told_to_use_them():
+    # A no_grad BERT forward and a hand-written Llama training loop: AT402's fix told them to compile generate()'s
+    # decode step with a static cache and to pass arguments to a Trainer they do not use.
+    for name in ("calibration/bert_infer_fp16.shapes_stack", "calibration/llama_train_eager.shapes_stack"):
+        idle = _by_rule(name)["AT402"]
+        assert "generate()" not in idle["fix"] and "Trainer(" not in idle["fix"]
+        assert idle["where"].get("framework") is None
