@@ -203,3 +203,14 @@ def test_at201_silent_on_matrix_vector_products():
 def test_at201_amd_matrix_core_gemms_are_not_cuda_core(corpus_files):
     trace = load(str(next(p for p in corpus_files if "mi250" in p.name)))
     assert [f for f in lint_trace(trace).findings if f["rule"] == "AT201"] == []
+
+
+def test_at201_knows_a_pre_ampere_gpu_by_its_kernels_without_device_properties():
+    # A PyTorch 1.8-era V100 trace has no deviceProperties; its cuDNN kernels are `volta_scudnn_*`. AT201 told it to
+    # use bf16 autocast and allow_tf32, neither of which a V100 has.
+    trace = load(str(Path(__file__).parent / "data" / "kineto_tb_plugin_resnet50_v100.json.gz"))
+    assert not trace.meta.device(trace.devices[0] if trace.devices else None)
+    findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
+    assert findings and all("no TF32" in f["fix"] and "bfloat16" not in f["fix"] for f in findings)
+    # An H200's kernels name sm90 and its properties say 9.0: TF32 is offered there.
+    assert "fp32 inputs with TF32 off" in found("fp32_causal_fwd/naive", "AT201")[0]["message"]

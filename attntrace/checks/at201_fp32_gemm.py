@@ -61,9 +61,23 @@ def _cause(ctx: Context, op: int | None, math_dtype: str | None, no_tf32: bool) 
     return "unknown", "fp32 GEMM (the inputs' types are not in the trace)"
 
 
+# The architecture cuBLAS/cuDNN kernels name ("volta_sgemm_128x64_nn", "sm80_xmma_gemm_...", "ampere_bf16_..."):
+# a trace without deviceProperties (PyTorch 1.8-era) still says its GPU by them.
+KERNEL_ARCH = r"(?:^|[\s_])(volta|turing|maxwell|pascal|kepler|ampere|hopper|sm[0-9]{2})_"
+PRE_AMPERE_ARCHS = {"volta", "turing", "maxwell", "pascal", "kepler", "sm70", "sm72", "sm75", "sm60", "sm61",
+                    "sm62", "sm50", "sm52", "sm53", "sm35", "sm37"}
+
+
 def _pre_ampere(ctx: Context, device: int | None) -> bool:
     major = ctx.trace.meta.device(device).get("computeMajor")
-    return isinstance(major, int) and major < 8
+    if isinstance(major, int):
+        return major < 8
+    # No device properties: the architectures the GPU's own kernels name, all before Ampere (a V100's
+    # `volta_scudnn_*` trace was told to use bf16 autocast and allow_tf32, neither of which it has).
+    kernels = ctx.trace.gpu_linked.filter((pl.col("kind") == "kernel")
+                                          & (pl.col("device") == device if device is not None else pl.lit(True)))
+    archs = set(kernels["name"].str.extract(KERNEL_ARCH, 1).drop_nulls().unique().to_list())
+    return bool(archs) and archs <= PRE_AMPERE_ARCHS
 
 
 def _math_upcast_dtype(ctx: Context) -> str | None:
