@@ -122,5 +122,5 @@ def test_each_rank_is_judged_against_its_own_device_and_host(tmp_path: Path):
     idle = {f["where"]["device"]: f["fingerprint"] for f in merged if f["rule"] == "AT402"}
     assert all(f.get("cause") in (None, idle.get(1)) for f in syncs)
     alone_factor = load(sample("calibration/mlp_item_sync.shapes")).replay.host_factor
-    assert merged_trace.replay.costs_of(1).runtime_call_us == pytest.approx(
+    assert merged_trace.replay.costs_by_device[1].runtime_call_us == pytest.approx(
         merged_trace.replay.costs.runtime_call_us / merged_trace.replay.host_factor * alone_factor, rel=0.01)

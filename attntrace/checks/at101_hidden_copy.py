@@ -188,10 +188,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         in_backward = next((fix for fix in map(backward_fix, names) if fix), None)
         # Inside SDPA's math backend the repeat is the backend's own (`enable_gqa=True` given, as the fix for a
         # model's repeat_kv asks): leaving the math backend removes it (AT202 says why it ran).
-        inside_math = SDPA_MATH_OP in names
+        repeats = _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
         fix = BUCKET_VIEW_FIX if ddp else COMPILED_FIX if compiled else in_backward or (
-            MATH_GQA_FIX if inside_math and _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
-            else GQA_FIX if _repeats_kv_heads(ctx, rows[0]["op"], asked_by)
+            (MATH_GQA_FIX if SDPA_MATH_OP in names else GQA_FIX) if repeats
             else next((FIXES[n] for n in names if n in FIXES), GENERIC_FIX))
         count = len(rows) / steps
         # Copies of one call site differ in size (a compiled graph's copies of every parameter): the mean, with the

@@ -95,8 +95,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     reasons: dict[str, set[str]] = {}
     math_dtype = _math_upcast_dtype(ctx) if gemms.height else None
+    # Once per device: without device properties it reads every kernel's name.
+    pre_ampere = {device: _pre_ampere(ctx, device) for device in gemms["device"].unique().to_list()}
     for row in gemms.iter_rows(named=True):
-        cause, why = _cause(ctx, row["op"], math_dtype, _pre_ampere(ctx, row["device"]))
+        cause, why = _cause(ctx, row["op"], math_dtype, pre_ampere[row["device"]])
         chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
         # One cause with one fix is one finding, however many layers' op chains show it: the chains go inside.
         groups.setdefault(cause, []).append({**row, "chain": chain})
@@ -139,6 +141,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=saved,
             assumption=f"if tensor cores run these GEMMs {speedup:g}x faster",
             device=rows[0]["device"],
-            fix=PRE_AMPERE_FIX if _pre_ampere(ctx, rows[0]["device"]) else FIXES[cause],
+            fix=PRE_AMPERE_FIX if pre_ampere[rows[0]["device"]] else FIXES[cause],
         ))
     return findings

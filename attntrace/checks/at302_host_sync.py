@@ -27,16 +27,12 @@ def _held(ctx: Context, syncs: pl.DataFrame, replayed: Replay) -> pl.DataFrame:
            .select(pl.col("idx").cast(pl.Int64).alias("op"), pl.col("dur").alias("op_us")))
     calls = ctx.trace.launches_linked.filter(pl.col("op").is_not_null()).group_by("op").len("op_calls")
     # The profiler's cost per op and per runtime call charged to each device's process (its host's scale).
-    devices = syncs["device"].unique().to_list()
-    charged = {d: replayed.costs_of(d) for d in devices}
-    per_device = pl.DataFrame(
-        {"device": devices,
-         "op_cost": [c.op_cost(replayed.settings) if c is not None else 0.0 for c in charged.values()],
-         "call_cost": [c.runtime_call_us if c is not None else 0.0 for c in charged.values()]},
-        schema={"device": syncs.schema["device"], "op_cost": pl.Float64, "call_cost": pl.Float64})
-    op_cost, call_cost = pl.col("op_cost"), pl.col("call_cost")
+    fallback = replayed.costs
+    charged = replayed.charged().rename({"op_us": "op_cost", "call_us": "call_cost"})
+    op_cost = pl.col("op_cost").fill_null(fallback.op_cost(replayed.settings) if fallback is not None else 0.0)
+    call_cost = pl.col("call_cost").fill_null(fallback.runtime_call_us if fallback is not None else 0.0)
     return (syncs.join(ops, on="op", how="left").join(calls, on="op", how="left")
-            .join(per_device, on="device", how="left", nulls_equal=True)
+            .join(charged, left_on=pl.col("device").cast(pl.Int64), right_on="device", how="left")
             .with_columns(pl.coalesce("op_us", "dur").alias("blocked_us"))
             .with_columns(pl.max_horizontal(
                 pl.lit(SYNC_FLOOR_US), pl.col("blocked_us") - pl.when(pl.col("op_us").is_not_null()).then(

@@ -22,18 +22,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     replayed = ctx.trace.replay
     if replayed.reason:
         raise Skip(f"the launch cost cannot be estimated without the profiler's own cost ({replayed.reason})")
-    # The costs the replay charged to each device's process, scaled to its host: the launch cost quoted here and
-    # the step it is judged against take the same profiler cost off each call.
-    owner_costs = {d: replayed.costs_of(d) or ProfilerCosts.default() for d in ctx.trace.device_process}
     ratio = ctx.params["launch_bound_ratio"]
-    steady = replayed.steady.select("step", "device", "est_step_us", "est_idle_us")
+    steady = replayed.steady.select("step", "device")
     # Typical launch cost = launches x the step's median launch time, less the profiler's share of each call: one
     # launch that loads a CUDA module lazily can take seconds and would otherwise make a GPU-bound step look
     # launch-bound.
     # Per step of each process (merged ranks number their steps alike), joined to the device that process drives.
-    owner = pl.DataFrame({"device": list(ctx.trace.device_process), "pid": list(ctx.trace.device_process.values()),
-                          "call_cost": [owner_costs[d].runtime_call_us for d in ctx.trace.device_process]},
-                         schema={"device": pl.Int64, "pid": pl.String, "call_cost": pl.Float64})
+    # The cost the replay charged each runtime call of the device's process, scaled to its host: the launch cost
+    # quoted here and the step it is judged against take the same profiler cost off each call.
+    owner = pl.DataFrame({"device": list(ctx.trace.device_process), "pid": list(ctx.trace.device_process.values())},
+                         schema={"device": pl.Int64, "pid": pl.String}).join(
+        replayed.charged().select("device", pl.col("call_us").alias("call_cost")), on="device", how="left")
     typical = (ctx.trace.launches_linked.filter(pl.col("is_launch") & pl.col("step").is_not_null())
                .group_by("step", pl.col("pid").cast(pl.String))
                .agg(pl.col("dur").median().alias("median_launch_us"),

@@ -86,10 +86,8 @@ class Context:
         program."""
         replayed = self.trace.replay
         if not replayed.reason and replayed.table.height:
-            # Over the steps that ran GPU work where any did, as the per-step counts are (Trace.steps_per_process).
-            working = pl.col("gpu_busy_us") > 0
-            table = replayed.table.filter(working | ~working.any().over("device"))
-            return float(table.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())
+            # Over the steps that ran GPU work, as the per-step counts are (Trace.steps_per_process).
+            return float(replayed.working.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())
         return self._largest_device_mean("step_us")
 
     def _largest_device_mean(self, column: str) -> float:

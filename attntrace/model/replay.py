@@ -146,10 +146,6 @@ class Replay:
     costs: ProfilerCosts | None = None  # the per-event costs the replay charged, scaled for this trace's host
     costs_by_device: dict[int, ProfilerCosts] = field(default_factory=dict)  # each device's process's, scaled
 
-    def costs_of(self, device: Any) -> ProfilerCosts | None:
-        """The costs charged to the process that drives `device` (a merged trace's ranks ran on their own hosts)."""
-        return self.costs_by_device.get(device, self.costs)
-
     @property
     def events_per_step(self) -> dict[str, float]:
         """Events recorded per step, by kind, the mean over devices (summary's `profiler.events_per_step`)."""
@@ -157,18 +153,30 @@ class Replay:
         return {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]} if counts else {}
 
     @property
+    def working(self) -> pl.DataFrame:
+        """The steps that ran GPU work, on each device where any did (Trace.steps_per_process counts the same): a
+        step with none (a trailing ProfilerStep around nothing, 49 us of a 9 ms loop) is no step of the program."""
+        ran = pl.col("gpu_busy_us") > 0
+        return self.table.filter(ran | ~ran.any().over("device"))
+
+    def charged(self) -> pl.DataFrame:
+        """Per device: the profiler cost the replay charged each op (op_us) and each runtime call (call_us) of the
+        process that drives it, scaled to its host (a merged trace's ranks ran on their own hosts)."""
+        devices = sorted(self.costs_by_device)
+        costs = [self.costs_by_device[d] for d in devices]
+        return pl.DataFrame({"device": devices, "op_us": [c.op_cost(self.settings) for c in costs],
+                             "call_us": [c.runtime_call_us for c in costs]},
+                            schema={"device": pl.Int64, "op_us": pl.Float64, "call_us": pl.Float64})
+
+    @property
     def steady(self) -> pl.DataFrame:
         """The steps that ran at the device's steady pace: at most STEADY_RATIO times the shortest recorded step
         that ran GPU work, and only steps that ran some where any did.
         The profiler's first active steps run slow (seen on an H200, one SDPA call per step: 6.7, 1.6, 0.8, 0.3,
         0.14 ms), and a verdict must not flip between two captures of one program because of them."""
-        # The shortest step that ran GPU work: a step with none (a trailing ProfilerStep around nothing, 49 us of a
-        # 9 ms loop) is no pace of the program, and it alone was kept.
-        working = pl.col("gpu_busy_us") > 0
-        shortest = pl.coalesce(pl.when(working).then(pl.col("recorded_us")).min().over("device"),
-                               pl.col("recorded_us").min().over("device"))
-        return self.table.filter((pl.col("recorded_us") <= STEADY_RATIO * shortest)
-                                 & (working | ~working.any().over("device")))
+        # Among the working steps: the empty trailing step (49 us) alone was kept as the pace of a 9 ms loop.
+        working = self.working
+        return working.filter(pl.col("recorded_us") <= STEADY_RATIO * pl.col("recorded_us").min().over("device"))
 
     def per_device(self, steps: list[int] | None = None) -> pl.DataFrame:
         """Medians over the steady steps (or those of them in `steps`), per device (a step's numbers are the median
@@ -235,12 +243,12 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     medians = {str(pid): float(us) for pid, us in kernel_launches.group_by(pl.col("pid").cast(pl.String))
                .agg(pl.col("dur").median()).iter_rows()}
     scaled = {device: costs.scaled_for(medians.get(pid)) for device, pid in sorted(trace.device_process.items())}
-    result = _replay(trace, {device: c for device, (c, _) in scaled.items()})
+    by_device = {device: c for device, (c, _) in scaled.items()}
+    result = _replay(trace, by_device)
     # The first device's, as summary gives one (a single process: its only one); with no device, the trace's.
     pooled = kernel_launches["dur"].median() if kernel_launches.height else None
     first = next(iter(scaled.values()), None) or costs.scaled_for(float(pooled) if pooled is not None else None)
-    result.costs, result.host_factor = first[0], round(first[1], 3)
-    result.costs_by_device = {device: c for device, (c, _) in scaled.items()}
+    result.costs, result.host_factor, result.costs_by_device = first[0], round(first[1], 3), by_device
     return result
 
 
