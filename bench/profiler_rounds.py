@@ -12,8 +12,8 @@ writes OUT_DIR/WORKLOAD.SETTING.rN.pt.trace.json.gz and OUT_DIR/rounds.json ({"_
 Here (no GPU, no torch):
     python bench/profiler_rounds.py report [--out RESULTS_JSON] TRACE_DIR [TRACE_DIR ...]
 replays every trace with attntrace, writes what it found per capture into sample_traces/calibration/rounds_results.json
-(committed; the traces are not: the device takes a working tree of 64 MiB, README says how to run with this
-one's 65) and prints the per-case medians: replayed step against un-profiled step (the 15% bar of issue 22) and
+(committed; the traces are not: the device takes a working tree of 64 MiB, README (Development) says how to run with
+this one's 65) and prints the per-case medians: replayed step against un-profiled step (the 15% bar of issue 22) and
 AT402 against the real idle.
     python bench/profiler_rounds.py table [RESULTS_JSON]
 prints the same tables from the committed results alone.

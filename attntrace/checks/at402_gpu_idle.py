@@ -115,9 +115,9 @@ def _idle_share_range(est_idle: float, est_step: float, profiler_us: float, cost
     return (shortest - busy) / shortest if shortest else 0.0, (longest - busy) / longest
 
 
-# Measured on six compiled models on an H200 (README, "Compiled models no cost has seen"): under with_stack the
-# profiler's cost was 1.6x to 4x the program itself (it grows with the square of Inductor's wrapper length), so an
-# error of a tenth in it moves the estimated step by up to 40%.
+# Measured on six compiled models on an H200 (docs/profiler_cost.md, "Compiled models no cost has seen"): under
+# with_stack the profiler's cost was 1.6x to 4x the program itself (it grows with the square of Inductor's wrapper
+# length), so an error of a tenth in it moves the estimated step by up to 40%.
 COMPILED_WITH_STACK = ("; compiled code recorded with with_stack is the least certain estimate (the profiler cost "
                        "several times the step there): capture without with_stack to confirm")
 # How far off the replay's profiler cost was there: the cost it removed against the recorded step less the
