@@ -318,16 +318,19 @@ def _size(path: str) -> int:
         return 0
 
 
-def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = False) -> Summary:
+def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = False,
+              config: PathLike | None = None) -> Summary:
     """`attntrace summary` of one trace. Raises TraceReadError (one line, naming the file) when it cannot
-    be read."""
+    be read. config: a TOML file whose [tool.attntrace.profiler_cost] costs replay the step, as lint's `config`."""
+    from attntrace.engine import summarize_trace
     from attntrace.loading import load
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
-    from attntrace.summary import summarize as numbers
 
     name = os.fspath(path)
+    settings = build_settings(config=config)
     try:
-        data = {"path": name, **numbers(load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)))}
+        data = {"path": name, **summarize_trace(load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)),
+                                                settings)}
     except TraceError as exc:
         raise TraceReadError(f"{name}: {exc.message}") from None
     except OSError as exc:

@@ -220,11 +220,11 @@ def main() -> None:
 
 
 # --- summary --------------------------------------------------------------------------------------
-def _summarize_path(path: str, options: Any) -> dict[str, Any]:
-    from attntrace.summary import summarize
+def _summarize_path(path: str, options: Any, settings: Any) -> dict[str, Any]:
+    from attntrace.engine import summarize_trace
 
     trace = load(path, options)
-    return {"path": trace.path, **summarize(trace)}
+    return {"path": trace.path, **summarize_trace(trace, settings)}
 
 
 @main.command(short_help="Per-step numbers of traces: GPU busy, kernels, copies.")
@@ -233,21 +233,25 @@ def _summarize_path(path: str, options: Any) -> dict[str, Any]:
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces read in parallel.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A TOML file of settings; its [tool.attntrace.profiler_cost] is used as lint uses it "
+                   "(default: the nearest pyproject.toml's).")
 @read_options
-def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, max_size: int | None,
-            salvage: bool) -> None:
+def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, config_path: str | None,
+            max_size: int | None, salvage: bool) -> None:
     """Per-trace and per-step numbers: GPU busy, CPU time, kernels, copies, launches, top kernels,
     tensor-core share of GEMM time, attention backends."""
     from attntrace.formats.summary_text import summary_table
 
-    work = partial(_summarize_path, options=_read_options(max_size, salvage))
+    settings = _settings(None, None, (), None, config_path)
+    work = partial(_summarize_path, options=_read_options(max_size, salvage), settings=settings)
     results = [r for r in map_inputs(list(paths), work, jobs)
                if not (isinstance(r, InputError) and r.kind == SKIPPED)]
     errors = [r for r in results if isinstance(r, InputError)]
     for err in errors:
         _error(err.line())
     ok = [r for r in results if not isinstance(r, InputError)]
-    read = _with_files_behind([*paths, *(s["path"] for s in ok)], paths)
+    read = _with_files_behind([*paths, *(s["path"] for s in ok), *([config_path] if config_path else [])], paths)
     if fmt == "json":
         doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
         _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output, read)

@@ -40,12 +40,18 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
         return _lint_trace(trace, settings)
 
 
+def summarize_trace(trace: Trace, settings: Settings) -> dict[str, Any]:
+    """`attntrace summary` of one trace, its profiler estimate made with the config's costs (`run
+    --calibrate-profiler`) as lint's is: summary and lint give a trace the same step without the profiler."""
+    if settings.profiler_cost:
+        trace.shared["profiler_costs"] = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
+    return summarize(trace)
+
+
 def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     rules = load_rules()
     settings = settings or default_settings(rules)
-    if settings.profiler_cost:
-        trace.shared["profiler_costs"] = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
-    summary = summarize(trace)
+    summary = summarize_trace(trace, settings)
     info = {"path": trace.path, "label": trace.label, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
             "incomplete": trace.meta.incomplete, "error": None}

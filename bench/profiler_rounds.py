@@ -15,8 +15,9 @@ replays every trace with attntrace, writes what it found per capture into sample
 (committed; the traces are not: the device takes a working tree of 64 MiB, README (Development) says how to run with
 this one's 65) and prints the per-case medians: replayed step against un-profiled step (the 15% bar of issue 22) and
 AT402 against the real idle.
-    python bench/profiler_rounds.py table [RESULTS_JSON]
-prints the same tables from the committed results alone.
+    python bench/profiler_rounds.py table [RESULTS_JSON ...]
+prints the same tables from the committed results alone, then one row per set of bench/profiler_calibration.py
+(the README's table: `table sample_traces/calibration/rounds_results*.json`).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def replay_captures(trace_dirs: list[Path], results_path: Path) -> int:
                         captures.append(_judged_capture(load(str(path)), name, setting, run))
     document = {"hosts": hosts, "captures": captures}
     results_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-    return print_tables(document)
+    return print_tables([document])
 
 
 def _judged_capture(trace: Any, name: str, setting: str, run: dict[str, Any]) -> dict[str, Any]:
@@ -138,54 +139,87 @@ def _meets_idle_bar(real_step: float, busy: float, claimed: float, severity: str
     return claimed <= 2 * real_idle and (claimed >= real_idle / 2 or severity != "warning")
 
 
-def print_tables(document: dict[str, Any]) -> int:
-    from tabulate import tabulate
+# The sets in the order they were captured (bench/profiler_calibration.py): each was judged before the next.
+SET_ORDER = ("WORKLOADS", "HELD_OUT", "GPU_BOUND", "COMPILED_HELD_OUT", "COMPILED_HELD_OUT_2", "HELD_OUT_3",
+             "HELD_OUT_4", "HELD_OUT_5")
 
+
+def _set_of_workload() -> dict[str, str]:
+    """Which set of bench/profiler_calibration.py each workload belongs to (imports torch, as capturing does)."""
+    import profiler_calibration
+
+    return {workload: name for name in SET_ORDER for workload in getattr(profiler_calibration, name)}
+
+
+def _judged_cases(captures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, setting): its rounds, the median round's error against its own timings, and AT402's verdict
+    in most rounds (None without a GPU)."""
     cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for capture in document["captures"]:
+    for capture in captures:
         if capture["est_step_us"]:
             cases.setdefault((capture["workload"], capture["setting"]), []).append(capture)
-    rows, step_hits, idle_hits, single_hits = [], 0, 0, 0
+    judged = []
     for (workload, setting), runs in sorted(cases.items()):
-        real = statistics.median(r["unprofiled_us"] for r in runs)
-        est = statistics.median(r["est_step_us"] for r in runs)
-        errors = [r["est_step_us"] / r["unprofiled_us"] - 1 for r in runs]
         # Each round's estimate against its own timings, then the median round: medians taken apart would pair
         # one round's capture with another round's timing.
-        error = statistics.median(errors)
-        step_hits += abs(error) <= BAR
-        single_hits += sum(abs(e) <= BAR for e in errors)
+        errors = [r["est_step_us"] / r["unprofiled_us"] - 1 for r in runs]
         severities = [r["at402"] for r in runs]
-        severity = max(set(severities), key=severities.count)  # the verdict most rounds gave
         busy = [r["gpu_busy_us"] for r in runs if r["gpu_busy_us"] is not None]
         idle_ok = None
         if busy:  # each round judged on its own timings; the case meets the bar where most rounds do
             verdicts = [_meets_idle_bar(r["unprofiled_us"], r["gpu_busy_us"], r["at402_claimed_us"], r["at402"])
                         for r in runs]
             idle_ok = 2 * sum(verdicts) > len(verdicts)
-            idle_hits += idle_ok
-        rows.append([workload, setting, len(runs), f"{real / 1e3:.2f}",
+        judged.append({"workload": workload, "setting": setting, "runs": runs, "errors": errors,
+                       "error": statistics.median(errors), "busy": busy, "idle_ok": idle_ok,
+                       "severity": max(set(severities), key=severities.count)})  # the verdict most rounds gave
+    return judged
+
+
+def print_tables(documents: list[dict[str, Any]]) -> int:
+    from tabulate import tabulate
+
+    captures = [capture for document in documents for capture in document["captures"]]
+    cases = _judged_cases(captures)
+    rows = []
+    for case in cases:
+        runs, errors, busy = case["runs"], case["errors"], case["busy"]
+        rows.append([case["workload"], case["setting"], len(runs),
+                     f"{statistics.median(r['unprofiled_us'] for r in runs) / 1e3:.2f}",
                      " ".join(f"{r['unprofiled_us'] / 1e3:.2f}" for r in runs),
-                     f"{statistics.median(r['recorded_us'] for r in runs) / 1e3:.2f}", f"{est / 1e3:.2f}",
-                     f"{100 * error:+.0f}%", " ".join(f"{100 * e:+.0f}" for e in errors),
-                     f"{statistics.median(busy) / 1e3:.2f}" if busy else "-", severity or "-",
-                     "-" if idle_ok is None else ("ok" if idle_ok else "MISS")])
+                     f"{statistics.median(r['recorded_us'] for r in runs) / 1e3:.2f}",
+                     f"{statistics.median(r['est_step_us'] for r in runs) / 1e3:.2f}",
+                     f"{100 * case['error']:+.0f}%", " ".join(f"{100 * e:+.0f}" for e in errors),
+                     f"{statistics.median(busy) / 1e3:.2f}" if busy else "-", case["severity"] or "-",
+                     "-" if case["idle_ok"] is None else ("ok" if case["idle_ok"] else "MISS")])
     print(tabulate(rows, headers=["workload", "setting", "rounds", "un-profiled ms (median)", "per round",
                                   "recorded ms", "replayed ms", "median error", "per round %", "GPU busy ms", "AT402",
                                   "AT402 bar"], tablefmt="github"))
-    singles = sum(len(runs) for runs in cases.values())
-    with_gpu = sum(row[-1] != "-" for row in rows)
-    print(f"\nreplayed step within {BAR:.0%} of the un-profiled one: {step_hits} of {len(rows)} cases (median "
-          f"round); {single_hits} of {singles} single captures")
-    print(f"AT402 meets issue 22's bar (in most rounds): {idle_hits} of {with_gpu} cases with a GPU")
+    set_of = _set_of_workload()
+    by_set: dict[str, list[dict[str, Any]]] = {}
+    for case in cases:
+        by_set.setdefault(set_of.get(case["workload"], "(no set)"), []).append(case)
+    summary = [_set_row(name, by_set[name]) for name in (*SET_ORDER, "(no set)") if name in by_set]
+    print()
+    print(tabulate([*summary, _set_row("all", cases)],
+                   headers=["set", "cases", f"replay within {BAR:.0%} (median round)", "single captures within 15%",
+                            "AT402 meets the bar (most rounds)"], tablefmt="github"))
     # The host's own noise, which bounds any per-trace estimate: un-profiled timings around one capture that
     # disagree, and profiled steps that ran faster than the un-profiled ones around them.
-    timed = [c for c in document["captures"] if c["recorded_us"]]
+    timed = [c for c in captures if c["recorded_us"]]
     drifting = sum(c["drift"] > 0.1 for c in timed)
     faster = sum(c["recorded_us"] < c["unprofiled_us"] for c in timed)
-    print(f"host noise: {drifting} of {len(timed)} captures had un-profiled timings before and after that differ by "
+    print(f"\nhost noise: {drifting} of {len(timed)} captures had un-profiled timings before and after that differ by "
           f"more than 10%; in {faster} the step under the profiler was faster than the un-profiled steps around it")
     return 0
+
+
+def _set_row(name: str, cases: list[dict[str, Any]]) -> list[Any]:
+    errors = [e for case in cases for e in case["errors"]]
+    with_gpu = [case for case in cases if case["idle_ok"] is not None]
+    return [name, len(cases), sum(abs(case["error"]) <= BAR for case in cases),
+            f"{sum(abs(e) <= BAR for e in errors)} of {len(errors)}",
+            f"{sum(case['idle_ok'] for case in with_gpu)} of {len(with_gpu)}"]
 
 
 def main(argv: list[str]) -> int:
@@ -204,7 +238,7 @@ def main(argv: list[str]) -> int:
             results, dirs = Path(dirs[1]), dirs[2:]
         return replay_captures([Path(a) for a in dirs], results)
     if argv[:1] == ["table"]:
-        return print_tables(json.loads(Path(argv[1] if len(argv) > 1 else RESULTS).read_text()))
+        return print_tables([json.loads(Path(path).read_text()) for path in (argv[1:] or [RESULTS])])
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import ROOT, SAMPLES, sample
 
 from attntrace.api import lint as lint_api
+from attntrace.api import summarize as summarize_api
 from attntrace.cli import main
 from attntrace.config import ConfigError, read_config_file
 from attntrace.loading import load
@@ -273,6 +274,25 @@ def test_the_config_sets_the_costs_and_bad_costs_are_one_line(tmp_path):
     config.write_text("[profiler_cost]\nop_us = 1\n")
     with pytest.raises(ConfigError, match="unknown key"):
         read_config_file(config)
+
+
+def test_summary_uses_the_costs_lint_uses(tmp_path, monkeypatch):
+    # `run --calibrate-profiler` writes the costs to pyproject.toml; summary read only the defaults, so its step
+    # without the profiler disagreed with lint's for the same trace.
+    (tmp_path / "pyproject.toml").write_text("[tool.attntrace.profiler_cost]\ncpu_op_us = 1.0\n"
+                                             "runtime_call_us = 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    trace = calibration("tiny_ops.plain")
+    summarized = orjson.loads(invoke("summary", trace, "--format", "json").stdout_bytes)["traces"][0]["profiler"]
+    linted = orjson.loads(invoke("lint", trace, "--format", "json", "--fail-on", "never").stdout_bytes)
+    assert summarized["costs_from"] == "config"
+    assert summarized == linted["traces"][0]["summary"]["profiler"]
+    from_python = summarize_api(trace, config=tmp_path / "pyproject.toml").data["profiler"]
+    assert from_python["costs_from"] == "config" and from_python["est_step_us"] == summarized["est_step_us"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profiler_cost]\ncpu_op_us = -1\n")
+    result = invoke("summary", trace, "--config", str(bad))
+    assert result.exit_code == 2 and "cpu_op_us" in result.output and "Traceback" not in result.output
 
 
 def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, monkeypatch):
