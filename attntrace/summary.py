@@ -9,6 +9,7 @@ import polars as pl
 
 from attntrace import occupancy, taxonomy
 from attntrace.model import Trace, busy_us
+from attntrace.model.replay import RECORDED_STEP
 
 SDPA_OPS = {
     "aten::_scaled_dot_product_flash_attention": "flash",
@@ -128,7 +129,8 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
 
 def summarize(trace: Trace) -> dict[str, Any]:
     steps = trace.step_table.drop("step_us")
-    replayed = trace.replay.table.select("step", "device", "est_step_us", "profiler_cpu_us")
+    replayed = trace.replay.table.select("step", "device", RECORDED_STEP.alias("recorded_step_us"), "est_step_us",
+                                         "profiler_cpu_us")
     steps = steps.join(replayed, on=["step", "device"], how="left", nulls_equal=True)
     split = gemm_split(trace)
     gemm_total = sum(split.values())

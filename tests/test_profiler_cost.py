@@ -244,8 +244,10 @@ def test_summary_json_carries_the_profiler_contract():
     assert profiler["settings"]["record_shapes"] and profiler["settings"]["with_stack"]
     assert 0 < profiler["est_step_us"] < profiler["recorded_step_us"]
     assert profiler["cpu_us_per_step"] > 0
+    steps = orjson.loads(result.stdout_bytes)["traces"][0]["per_step"]
+    assert steps and all(0 < row["est_step_us"] <= row["recorded_step_us"] for row in steps)
     text = invoke("summary", calibration("llama_train_sdpa.shapes_stack")).output
-    assert "estimated without the profiler" in text and "est. ms w/o profiler" in text
+    assert "estimated without the profiler" in text and "step ms as recorded" in text and "est. ms w/o profiler" in text
 
 
 def test_summary_never_estimates_a_step_longer_than_recorded_where_the_gpu_runs_behind():

@@ -36,11 +36,13 @@ def summary_table(s: dict[str, Any]) -> str:
         comm = any(r["comm_us"] for r in s["per_step"])
         replayed = any(r.get("est_step_us") is not None for r in s["per_step"])
         rows = [[r["step"] if r["step"] != -1 else "all", *([r["device"]] if several else []), _ms(r["cpu_us"]),
-                 *([_ms(r.get("est_step_us")), _ms(r.get("profiler_cpu_us"))] if replayed else []),
+                 *([_ms(r.get("recorded_step_us")), _ms(r.get("est_step_us")), _ms(r.get("profiler_cpu_us"))]
+                   if replayed else []),
                  _ms(r["gpu_busy_us"]), *([_ms(r["comm_us"]), _ms(r["overlap_us"])] if comm else []), r["kernels"],
                  r["memcpy"], r["memset"], r["launches"], _ms(r["launch_cpu_us"])] for r in s["per_step"]]
         headers = ["step", *(["device"] if several else []), "CPU ms",
-                   *(["est. ms w/o profiler", "profiler CPU ms"] if replayed else []), "GPU busy ms",
+                   *(["step ms as recorded", "est. ms w/o profiler", "profiler CPU ms"] if replayed else []),
+                   "GPU busy ms",
                    *(["comm ms", "overlap ms"] if comm else []), "kernels", "memcpy", "memset", "launches",
                    "launch CPU ms"]
         table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)

@@ -131,6 +131,11 @@ def settings_of(flags: dict[str, bool], has_shapes: bool, python_events: int) ->
             "with_modules": None, "with_flops": None, "source": "events"}
 
 
+# A step as recorded, from Replay.table: its chained window, as the estimate's is (AT402 quotes the same figure), or
+# its GPU work where that is longer (a GPU running behind spreads a step's kernels over the next windows).
+RECORDED_STEP = pl.max_horizontal(pl.col("window_end") - pl.col("window_ts"), "gpu_busy_us")
+
+
 @dataclass
 class Replay:
     """Per (step, device): the step as recorded and as estimated without the profiler."""
@@ -186,14 +191,11 @@ class Replay:
         (HTA's rank-0 trace: 368, 165, 200, 166, 83 ms for 200 ms of CPU in each). The step is then the CPU's
         median (no longer than the recorded step's: taking the profiler's cost away never lengthens a step), and the
         time it adds is idle: the GPU's work is the same."""
-        # The step as recorded is its chained window, as the estimate's is (AT402 quotes the same figure), or its
-        # GPU work where that is longer (a GPU running behind spreads a step's kernels over the next windows).
-        # Each step's estimate is within that, so the medians are too: a median of per-step windows alone came
-        # out under the median estimate (HTA's trace_diff test: 116.9 ms recorded, 122.2 ms estimated).
+        # Each step's estimate is within its RECORDED_STEP, so the medians are too: a median of per-step windows
+        # alone came out under the median estimate (HTA's trace_diff test: 116.9 ms recorded, 122.2 ms estimated).
         steady = self.steady if steps is None else self.steady.filter(pl.col("step").is_in(steps))
-        recorded = pl.max_horizontal(pl.col("window_end") - pl.col("window_ts"), "gpu_busy_us")
         medians = steady.group_by("device").agg(
-            pl.len().alias("steps"), recorded.median().alias("recorded_us"),
+            pl.len().alias("steps"), RECORDED_STEP.median().alias("recorded_us"),
             pl.col("est_step_us", "gpu_busy_us", "est_idle_us", "profiler_cpu_us", "cpu_us").median())
         lift = (pl.min_horizontal("cpu_us", "recorded_us") - pl.col("est_step_us")).clip(lower_bound=0.0)
         return (medians.with_columns(pl.col("est_step_us") + lift, pl.col("est_idle_us") + lift)
