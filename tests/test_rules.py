@@ -12,6 +12,8 @@ from attntrace.engine import lint_trace
 from attntrace.loading import load
 from attntrace.summary import summarize
 
+# Corpus traces copied into the repository (tests/data/README.md), so that these run in CI too.
+DATA = Path(__file__).parent / "data"
 
 @cache
 def report(name: str):
@@ -82,14 +84,14 @@ def test_at201_silent_on_tensor_core_gemms(name):
     assert found(name, "AT201") == []
 
 
-def test_at201_never_fires_on_tf32(corpus_files):
+def test_at201_never_fires_on_tf32():
     # The A100 alexnet trace runs its convolutions as TF32 implicit GEMMs next to FP32 sgemms.
     # With the share threshold at 0 every FP32 GEMM is reported; the TF32 ones must still not be.
     from attntrace import config
     from attntrace.catalog import load_rules
 
     settings = config.build(load_rules(), {}, "test", ["AT201"], [], ["AT201.min_share=0"], None)
-    trace = load(str(next(p for p in corpus_files if "alexnet" in p.name)))
+    trace = load(str(DATA / "hta_alexnet_a100.json.gz"))
     assert trace.gpu["name"].str.contains("tf32").any()
     findings = lint_trace(trace, settings).findings
     assert findings, "the ampere_sgemm kernels of this trace should fire"
@@ -160,15 +162,15 @@ def test_findings_sorted_and_deterministic():
     assert first == again
 
 
-def test_at501_one_slow_lazy_load_launch_is_not_launch_bound(corpus_files):
+def test_at501_one_slow_lazy_load_launch_is_not_launch_bound():
     # A100 alexnet: one cudaLaunchKernel takes 3 s (lazy module load), the other 78 take ~9 us.
-    trace = load(str(next(p for p in corpus_files if "alexnet" in p.name)))
+    trace = load(str(DATA / "hta_alexnet_a100.json.gz"))
     assert trace.launches["dur"].max() > 1e6
     assert [f for f in lint_trace(trace).findings if f["rule"] == "AT501"] == []
 
 
-def test_at201_pre_ampere_suggests_fp16_not_tf32(corpus_files):
-    trace = load(str(next(p for p in corpus_files if "V100" in p.name or "ns_resolution" in p.name)))
+def test_at201_pre_ampere_suggests_fp16_not_tf32():
+    trace = load(str(DATA / "hta_trace_diff_v100.json.gz"))
     findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
     assert findings and all("float16" in f["fix"] and "no TF32" in f["fix"] for f in findings)
 
@@ -200,8 +202,8 @@ def test_at201_silent_on_matrix_vector_products():
     assert f["evidence"]["kernels"] and not any("gemv" in k for k in f["evidence"]["kernels"])
 
 
-def test_at201_amd_matrix_core_gemms_are_not_cuda_core(corpus_files):
-    trace = load(str(next(p for p in corpus_files if "mi250" in p.name)))
+def test_at201_amd_matrix_core_gemms_are_not_cuda_core():
+    trace = load(str(DATA / "hta_mi250_rocm6_2.json.gz"))
     assert [f for f in lint_trace(trace).findings if f["rule"] == "AT201"] == []
 
 
