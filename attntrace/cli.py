@@ -602,7 +602,12 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     if measured is not None:
         from attntrace import fromtrace
 
-        fromtrace.apply_measured(report, measured, str(measured_path))
+        _, unmatched = fromtrace.apply_measured(report, measured, str(measured_path))
+        if unmatched:
+            rules = sorted({str(measured["findings"][key].get("rule")) for key in unmatched})
+            line = (f"{measured_path}: {len(unmatched)} measured finding(s) ({', '.join(rules)}) match no finding of "
+                    "these traces: their impact stays assumed (run `attntrace run --from-trace` on them again)")
+            click.echo(f"warning: {_shown(line)}", err=True)
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
     for trace in report["traces"]:

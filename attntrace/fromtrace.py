@@ -286,15 +286,23 @@ def read_measured(path: str) -> dict[str, Any]:
     return doc
 
 
-def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str) -> int:
-    """Replace the assumed impact of findings that a from-trace run measured (matched by fingerprint) with the
-    measured saving, and say so; the findings are sorted again and each trace's total impact redone. Returns
-    how many findings changed."""
+def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str) -> tuple[int, list[str]]:
+    """Replace the assumed impact of findings that a from-trace run measured with the measured saving, and say so;
+    the findings are sorted again and each trace's total impact redone. A finding is matched by its fingerprint,
+    else by its rule and the op chain of the sites measured for it (a fingerprint written by an earlier version of
+    attntrace: the committed GPT-2 run.json's AT102 key changed when AT102 began counting the backward). Returns how
+    many findings changed and the measured fingerprints that matched none."""
+    entries = measured["findings"]
+    chains = _measured_chains(measured)
+    used: set[str] = set()
     changed = 0
     for finding in report["findings"]:
-        hit = measured["findings"].get(finding["fingerprint"])
-        if hit is None:
+        key = finding["fingerprint"] if finding["fingerprint"] in entries else _by_chain(finding, chains, used,
+                                                                                        measured.get("trace"))
+        if key is None:
             continue
+        used.add(key)
+        hit = entries[key]
         impact = finding["impact"]
         old_us, old_share = impact["gpu_us_per_step"], impact["share_of_step"]
         step_us = old_us / old_share if old_us and old_share else _step_us(report, finding["trace"])
@@ -315,7 +323,34 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
             if "impact_gpu_us_per_step" in trace:
                 trace["impact_gpu_us_per_step"] = total_impact([f for f in report["findings"]
                                                                 if f["trace"] == trace["path"]])
-    return changed
+    return changed, sorted(set(entries) - used)
+
+
+def _measured_chains(measured: dict[str, Any]) -> dict[str, tuple[str, set[str]]]:
+    """Each measured fingerprint's rule and the op chains of the sites it was measured at (from the run's plan)."""
+    plan = measured.get("plan")
+    plan_sites = plan.get("sites") if isinstance(plan, dict) else None
+    chains: dict[str, tuple[str, set[str]]] = {}
+    for site in plan_sites if isinstance(plan_sites, list) else []:
+        if not isinstance(site, dict) or not isinstance(site.get("op_chain"), str):
+            continue
+        for f in site.get("findings") if isinstance(site.get("findings"), list) else []:
+            if isinstance(f, dict) and str(f.get("fingerprint")) in measured["findings"]:
+                _, found = chains.setdefault(str(f.get("fingerprint")), (str(f.get("rule")), set()))
+                found.add(site["op_chain"])
+    return chains
+
+
+def _by_chain(finding: dict[str, Any], chains: dict[str, tuple[str, set[str]]], used: set[str],
+              measured_trace: Any) -> str | None:
+    """The one unused measured fingerprint of the same rule at the finding's op chain, for a finding of the trace
+    the run measured (by file name: the run.json may have been made elsewhere)."""
+    if Path(str(finding.get("trace"))).name != Path(str(measured_trace)).name:
+        return None
+    chain = (finding.get("where") or {}).get("op_chain")
+    candidates = [key for key, (rule, found) in chains.items()
+                  if key not in used and rule == finding["rule"] and chain in found]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _step_us(report: dict[str, Any], path: str) -> float:

@@ -312,6 +312,27 @@ def test_lint_measured_uses_the_measured_saving_and_says_so(tmp_path: Path):
     assert "impact measured by" in text.stdout
 
 
+def test_lint_measured_matches_a_finding_whose_fingerprint_changed_since_the_run_and_warns_of_the_rest():
+    # The committed GPT-2 run.json names AT102 by the key it had when it was measured; AT102's key changed when it
+    # began counting the backward, and --measured then did nothing, silently.
+    folder = SAMPLES / "from_trace"
+    run_json = folder / "fromtrace/gpt2_train_eager/run.json"
+    measured = orjson.loads(run_json.read_bytes())
+    result = CliRunner().invoke(main, ["lint", str(folder / "gpt2_train_eager.pt.trace.json.gz"), "--measured",
+                                       str(run_json), "--format", "json", "--fail-on", "never"])
+    finding = next(f for f in orjson.loads(result.stdout)["findings"] if f["rule"] == "AT102")
+    assert finding["fingerprint"] not in measured["findings"]
+    (saved,) = [entry["saved_us_per_step"] for entry in measured["findings"].values()]
+    assert finding["impact"]["basis"] == "measured" and finding["impact"]["gpu_us_per_step"] == pytest.approx(saved)
+    assert result.stderr == ""
+    # Another trace's run: nothing applies, and lint says so in one line; the exit code is the findings'.
+    other = CliRunner().invoke(main, ["lint", str(folder / "llama_train_eager.pt.trace.json.gz"), "--measured",
+                                      str(run_json), "--format", "json", "--fail-on", "never"])
+    assert other.exit_code == 0
+    assert all(f["impact"].get("basis") != "measured" for f in orjson.loads(other.stdout)["findings"])
+    assert other.stderr.count("\n") == 1 and "1 measured finding(s) (AT102) match no finding" in other.stderr
+
+
 def test_lint_measured_refuses_another_file(tmp_path: Path):
     other = tmp_path / "run.json"
     other.write_bytes(b'{"config": {}}')
