@@ -108,11 +108,10 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
     """How the trace was recorded and what recording cost: the profiler's settings, its estimated CPU time per
     step, and the step as recorded and as replayed without it (medians over steady steps, busiest device)."""
     result = trace.replay
-    costs = trace.shared.get("profiler_costs")
     out: dict[str, Any] = {
         "settings": result.settings,
         "events_per_step": {k: _r(v) for k, v in result.events_per_step.items()},
-        "costs_from": "config" if costs is not None else "defaults (attntrace/profiler_cost.toml)",
+        "costs_from": trace.profiler_costs_from,
         "cpu_us_per_step": None, "recorded_step_us": None, "est_step_us": None, "gpu_busy_us": None,
         "est_idle_us": None, "reason": result.reason,
         # The costs' scale for this trace's host: its median launch call over the measuring host's.

@@ -308,8 +308,16 @@ def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, mon
     text = project.read_text()
     assert text.startswith('[project]\nname = "x"\n') and "[tool.other]\na = 1\n" in text
     assert text.count("[tool.attntrace.profiler_cost]") == 1 and "99.0" not in text and '"old"' not in text
+    # Measured on the CPU alone, no launch was timed: no launch time is written to scale GPU traces by (one from the
+    # op loop, 1.1 us, scaled every GPU trace 3x), and lint says whose costs its estimate used.
+    assert "launch_call_us" not in text
+    linted = orjson.loads(invoke("lint", calibration("tiny_ops.plain"), "--format", "json", "--select", "AT402",
+                                 "--fail-on", "never").stdout_bytes)
+    assert linted["traces"][0]["summary"]["profiler"]["host_factor"] == 1.0
+    (idle,) = linted["findings"]
+    assert "the config's [tool.attntrace.profiler_cost]" in idle["impact"]["assumption"]
     costs = read_config_file(project)["profiler_cost"]
-    assert set(costs) == {*ProfilerCosts.__dataclass_fields__} - {"measured_on"} | {"measured_on"}
+    assert set(costs) == {*ProfilerCosts.__dataclass_fields__} - {"launch_call_us"}
     assert costs["measured_on"]["device"] == "cpu" and costs["measured_on"]["loops"]["cpu_op_us"] > 0
 
 

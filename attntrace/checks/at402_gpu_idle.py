@@ -217,6 +217,9 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                    f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; the largest recorded gap "
                    f"({fmt_ms(first['idle_us'])}) {waits}")
         fix = COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"]
+    # The costs the replay used: a config's (run --calibrate-profiler) or the defaults.
+    costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
+                  else "attntrace/profiler_cost.toml")
     return ctx.finding(
         key=f"gpu-idle|{device}",
         device=device,
@@ -234,9 +237,8 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         # message, as info. Neither counts in the trace's total (report.promises_nothing).
         gpu_us_per_step=0.0 if profiler_only else est_idle,
         saving=IDLE_REMOVED,
-        assumption=("estimated without the profiler's cost (attntrace/profiler_cost.toml); the idle goes if the "
-                    "CPU keeps the GPU fed" + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None
-                                               else "")),
+        assumption=(f"estimated without the profiler's cost ({costs_file}); the idle goes if the CPU keeps the GPU fed"
+                    + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None else "")),
         step_us=est_step,
         fix=fix,
         # Where the idle is the profiler's own, a framework's switch would fix nothing either.

@@ -226,6 +226,13 @@ class Trace:
         return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
 
     @property
+    def profiler_costs_from(self) -> str:
+        """Where the replay's per-event costs come from, as summary and AT402 name it."""
+        if isinstance(self.shared.get("profiler_costs"), ProfilerCosts):
+            return "config"
+        return "defaults (attntrace/profiler_cost.toml)"
+
+    @property
     def steady_steps(self) -> list[int]:
         """Step numbers that are not graph captures."""
         return sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list())
