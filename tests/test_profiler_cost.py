@@ -249,8 +249,18 @@ def test_summary_json_carries_the_profiler_contract():
     assert profiler["cpu_us_per_step"] > 0
     steps = orjson.loads(result.stdout_bytes)["traces"][0]["per_step"]
     assert steps and all(0 < row["est_step_us"] <= row["recorded_step_us"] for row in steps)
+    # The profiler line's medians are over the steady steps, which the rows mark: the line can be checked against
+    # them (it could not: flex's line said 0.324 ms beside rows of 0.907, 0.615 and 0.324 ms).
+    flex = orjson.loads(invoke("summary", sample("bf16_window_fwd/flex"), "--format", "json").stdout_bytes)["traces"][0]
+    marked = [row["step"] for row in flex["per_step"] if row["steady"]]
+    assert marked == [3]  # the first two ran slow (0.907 and 0.615 ms against 0.324)
+    (row,) = [row for row in flex["per_step"] if row["steady"]]
+    assert flex["profiler"]["recorded_step_us"] == row["recorded_step_us"]
     text = invoke("summary", calibration("llama_train_sdpa.shapes_stack")).output
     assert "estimated without the profiler" in text and "step ms as recorded" in text and "est. ms w/o profiler" in text
+    assert "medians of the steady steps, marked *" in text and "\n  1 *     " in text
+    flex_text = invoke("summary", sample("bf16_window_fwd/flex")).output
+    assert "\n  1       " in flex_text and "\n  3 *     " in flex_text
 
 
 def test_summary_never_estimates_a_step_longer_than_recorded_where_the_gpu_runs_behind():

@@ -35,7 +35,7 @@ def summary_table(s: dict[str, Any]) -> str:
         several = len({r["device"] for r in s["per_step"]}) > 1
         comm = any(r["comm_us"] for r in s["per_step"])
         replayed = any(r.get("est_step_us") is not None for r in s["per_step"])
-        rows = [[r["step"] if r["step"] != -1 else "all", *([r["device"]] if several else []), _ms(r["cpu_us"]),
+        rows = [[_step_label(r), *([r["device"]] if several else []), _ms(r["cpu_us"]),
                  *([_ms(r.get("recorded_step_us")), _ms(r.get("est_step_us")), _ms(r.get("profiler_cpu_us"))]
                    if replayed else []),
                  _ms(r["gpu_busy_us"]), *([_ms(r["comm_us"]), _ms(r["overlap_us"])] if comm else []), r["kernels"],
@@ -57,6 +57,13 @@ def summary_table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _step_label(row: dict[str, Any]) -> str:
+    """The step's number, marked * where it is one of the steady steps the profiler line's medians are over."""
+    if row["step"] == -1:
+        return "all"
+    return f"{row['step']}{' *' if row.get('steady') else ''}"
+
+
 def profiler_line(profiler: dict[str, Any]) -> str:
     """What recording cost: "record_shapes, with_stack (from the trace header); ~6.9 ms CPU per step: step 22.8 ms
     as recorded, ~16.0 ms estimated without the profiler (GPU busy 5.3 ms)"."""
@@ -69,7 +76,8 @@ def profiler_line(profiler: dict[str, Any]) -> str:
         return f"{text}; no estimate without the profiler: {profiler.get('reason')}"
     return (f"{text}; ~{_ms(profiler['cpu_us_per_step'])} ms CPU per step: step {_ms(profiler['recorded_step_us'])} ms "
             f"as recorded, ~{_ms(profiler['est_step_us'])} ms estimated without the profiler (GPU busy "
-            f"{_ms(profiler['gpu_busy_us'])} ms; medians of steps)")
+            f"{_ms(profiler['gpu_busy_us'])} ms; medians of the steady steps, marked *, none shorter than the CPU "
+            "time it needs)")
 
 
 def _occupancy(kernel: dict[str, Any]) -> str:
