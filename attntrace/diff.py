@@ -121,6 +121,10 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         if abs(n_us - b_us) > 0.1 * max(b_us, 1.0):
             changed.append({"rule": after[key]["rule"], "message": after[key]["message"],
                             "base_gpu_us_per_step": b_us, "new_gpu_us_per_step": n_us})
+    # A rule the new trace could not be judged by (a CPU-only trace has no GPU events) fixed nothing: its findings
+    # are not judged, not fixed.
+    skipped_new = {entry["rule"]: entry["reason"] for entry in nr.skipped}
+    gone = [before[k] for k in sorted(set(before) - set(after))]
     return {
         "base": base, "new": new, "errors": [],
         "steps": {"base": bs.height, "new": ns.height},
@@ -130,8 +134,9 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
         "findings": {
             "new": [_brief(after[k]) for k in sorted(set(after) - set(before))],
-            "fixed": [_brief(before[k]) for k in sorted(set(before) - set(after))],
+            "fixed": [_brief(f) for f in gone if f["rule"] not in skipped_new],
             "changed": changed,
+            "not_judged": [{**_brief(f), "reason": skipped_new[f["rule"]]} for f in gone if f["rule"] in skipped_new],
         },
         "outside_noise": outside_noise,
         "regression": regression,
@@ -203,6 +208,8 @@ def render(result: dict[str, Any]) -> str:
             out += [f"  {label}: {f['rule']} {f['message']}" for f in c["findings"][label]]
         out += [f"  changed: {f['rule']} {f['base_gpu_us_per_step']:.1f} -> {f['new_gpu_us_per_step']:.1f} us/step"
                 for f in c["findings"]["changed"]]
+        out += [f"  not judged in the new trace ({f['reason']}): {f['rule']} {f['message']}"
+                for f in c["findings"]["not_judged"]]
         step = c["step"]
         pct = "" if step["change_pct"] is None else f" ({step['change_pct']:+.1f}%)"
         verdict = ("REGRESSION" if c["regression"] else

@@ -36,7 +36,7 @@ def test_self_diff_is_not_a_regression():
     code, result = diff(NAIVE, NAIVE, "--fail-over", "0")
     (c,) = result["comparisons"]
     assert code == 0 and not c["regression"] and not c["outside_noise"]
-    assert c["findings"] == {"new": [], "fixed": [], "changed": []}
+    assert c["findings"] == {"new": [], "fixed": [], "changed": [], "not_judged": []}
 
 
 def test_slower_outside_the_spread_fails():
@@ -130,3 +130,17 @@ def test_a_directory_baseline_has_one_entry_per_finding_and_knows_no_other_trace
     other = CliRunner().invoke(main, ["lint", str(SAMPLES / "fp32_causal_fwd"), str(SAMPLES / "bf16_window_fwd"),
                                       "--baseline", str(small), "--format", "json", "--fail-on", "never"])
     assert all(f["baseline"] == "new" for f in orjson.loads(other.stdout)["findings"])
+
+
+def test_findings_of_a_rule_the_new_trace_cannot_be_judged_by_are_not_fixed():
+    # GPT-2 training on the H200 against the same model traced on a CPU: every GPU rule is skipped on the CPU trace,
+    # and diff called its three findings "fixed".
+    base = str(SAMPLES / "from_trace/gpt2_train_eager.pt.trace.json.gz")
+    new = str(Path(__file__).parent / "data/hf_tiny_cpu/gpt2_train_eager.pt.trace.json.gz")
+    _, result = diff(base, new)
+    (c,) = result["comparisons"]
+    assert c["findings"]["fixed"] == []
+    assert sorted(f["rule"] for f in c["findings"]["not_judged"]) == ["AT101", "AT102", "AT302"]
+    assert all("no GPU events" in f["reason"] for f in c["findings"]["not_judged"])
+    text = CliRunner().invoke(main, ["diff", base, new]).output
+    assert "fixed:" not in text and "not judged in the new trace (no GPU events" in text
