@@ -130,10 +130,10 @@ def summarize(trace: Trace) -> dict[str, Any]:
     steps = trace.step_table.drop("step_us")
     # Each step's own figures, and whether it is one of the steady steps whose medians the profiler line gives.
     steady = trace.replay.steady.select("step", "device", pl.lit(True).alias("steady"))
-    replayed = trace.replay.table.select("step", "device", RECORDED_STEP.alias("recorded_step_us"), "est_step_us",
-                                         "profiler_cpu_us").join(steady, on=["step", "device"], how="left",
-                                                                 nulls_equal=True).with_columns(
-        pl.col("steady").fill_null(False))
+    replayed = (trace.replay.table
+                .select("step", "device", RECORDED_STEP.alias("recorded_step_us"), "est_step_us", "profiler_cpu_us")
+                .join(steady, on=["step", "device"], how="left", nulls_equal=True)
+                .with_columns(pl.col("steady").fill_null(False)))
     steps = steps.join(replayed, on=["step", "device"], how="left", nulls_equal=True)
     split = gemm_split(trace)
     gemm_total = sum(split.values())

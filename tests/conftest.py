@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
 CORPUS = ROOT.parent / "shared" / "corpus" / "peer"
+# Corpus traces copied into the repository (tests/data/README.md): tests on them run in CI too.
+DATA = ROOT / "tests" / "data"
 
 
 def sample(name: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLES, sample
+from conftest import DATA, SAMPLES, sample
 
 from attntrace.cli import main
 
@@ -136,7 +136,7 @@ def test_findings_of_a_rule_the_new_trace_cannot_be_judged_by_are_not_fixed():
     # GPT-2 training on the H200 against the same model traced on a CPU: every GPU rule is skipped on the CPU trace,
     # and diff called its three findings "fixed".
     base = str(SAMPLES / "from_trace/gpt2_train_eager.pt.trace.json.gz")
-    new = str(Path(__file__).parent / "data/hf_tiny_cpu/gpt2_train_eager.pt.trace.json.gz")
+    new = str(DATA / "hf_tiny_cpu/gpt2_train_eager.pt.trace.json.gz")
     _, result = diff(base, new)
     (c,) = result["comparisons"]
     assert c["findings"]["fixed"] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import CORPUS, SAMPLES, sample
+from conftest import CORPUS, DATA, SAMPLES, sample
 
 from attntrace.api import lint as lint_api
 from attntrace.api import summarize as summarize_api
@@ -54,7 +54,7 @@ def test_settings_come_from_the_header_when_it_has_them_and_from_events_otherwis
     # runs in CI too; ../shared/corpus/peer adds the rest where it is present.
     peer = sorted(p for p in CORPUS.iterdir() if p.name.endswith((".json", ".json.gz"))) if CORPUS.is_dir() else []
     traces = [*peer, *sorted((SAMPLES / "calibration").glob("*.shapes_stack.pt.trace.json.gz")),
-              *sorted(Path(__file__).parent.joinpath("data").glob("*.json.gz"))]
+              *sorted(DATA.glob("*.json.gz"))]
     sources = set()
     for path in traces:
         trace = load(str(path))
@@ -266,7 +266,7 @@ def test_summary_json_carries_the_profiler_contract():
 def test_summary_never_estimates_a_step_longer_than_recorded_where_the_gpu_runs_behind():
     # HTA's trace-diff test trace: the GPU a step behind, each step's kernels spread over the next windows; the
     # medians of the windows alone (116.9 ms) came out under the median estimate (122.2 ms).
-    trace = Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"
+    trace = DATA / "hta_trace_diff_v100.json.gz"
     profiler = orjson.loads(invoke("summary", str(trace), "--format", "json").stdout_bytes)["traces"][0]["profiler"]
     assert profiler["gpu_busy_us"] <= profiler["est_step_us"] <= profiler["recorded_step_us"]
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
-from conftest import sample
+from conftest import DATA, sample
 
 from attntrace.engine import lint_trace
 from attntrace.loading import load
 from attntrace.summary import summarize
 
-# Corpus traces copied into the repository (tests/data/README.md), so that these run in CI too.
-DATA = Path(__file__).parent / "data"
 
 @cache
 def report(name: str):
@@ -169,22 +166,16 @@ def test_at501_one_slow_lazy_load_launch_is_not_launch_bound():
     assert [f for f in lint_trace(trace).findings if f["rule"] == "AT501"] == []
 
 
-def test_at201_pre_ampere_suggests_fp16_not_tf32():
-    trace = load(str(DATA / "hta_trace_diff_v100.json.gz"))
-    findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
-    assert findings and all("float16" in f["fix"] and "no TF32" in f["fix"] for f in findings)
-
-
 def test_at201_one_finding_for_fp32_gemms_with_and_without_input_types_on_a_gpu_without_tf32():
     # HTA's compiled V100 training step: 219 fp32 GEMMs per step whose ops record float inputs and 74 whose ops
     # record no types came out as two warnings with one fix, the first saying "fp32 inputs with TF32 off" on a
     # GPU that has no TF32.
-    trace = load(str(Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"))
+    trace = load(str(DATA / "hta_trace_diff_v100.json.gz"))
     (f,) = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
     # 4 gemv kernels per step are left out (test_at201_silent_on_matrix_vector_products).
     assert f["evidence"]["cause"] == "fp32-inputs" and f["evidence"]["gemms_per_step"] == pytest.approx(289)
     assert "TF32 off" not in f["message"] and "this GPU has no TF32" in f["message"]
-    assert "no TF32" in f["fix"]
+    assert "no TF32" in f["fix"] and "float16" in f["fix"]  # fp16 autocast, not TF32, on a GPU before Ampere
     # On an H200 (TF32 there, off by default) the reason names the switch.
     assert "fp32 inputs with TF32 off" in found("fp32_causal_fwd/naive", "AT201")[0]["message"]
 
@@ -197,7 +188,7 @@ def test_at201_silent_on_matrix_vector_products():
     assert trace.gpu_linked["name"].str.contains("gemv2T").sum() == 40
     assert found("gemv/fp32_gemv_decode", "AT201") == []
     # The GEMMs beside them still count (HTA's V100 trace: its sgemm kernels, not its gemv ones).
-    v100 = load(str(Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"))
+    v100 = load(str(DATA / "hta_trace_diff_v100.json.gz"))
     (f,) = [f for f in lint_trace(v100).findings if f["rule"] == "AT201"]
     assert f["evidence"]["kernels"] and not any("gemv" in k for k in f["evidence"]["kernels"])
 
@@ -210,7 +201,7 @@ def test_at201_amd_matrix_core_gemms_are_not_cuda_core():
 def test_at201_knows_a_pre_ampere_gpu_by_its_kernels_without_device_properties():
     # A PyTorch 1.8-era V100 trace has no deviceProperties; its cuDNN kernels are `volta_scudnn_*`. AT201 told it to
     # use bf16 autocast and allow_tf32, neither of which a V100 has.
-    trace = load(str(Path(__file__).parent / "data" / "kineto_tb_plugin_resnet50_v100.json.gz"))
+    trace = load(str(DATA / "kineto_tb_plugin_resnet50_v100.json.gz"))
     assert not trace.meta.device(trace.devices[0] if trace.devices else None)
     findings = [f for f in lint_trace(trace).findings if f["rule"] == "AT201"]
     assert findings and all("no TF32" in f["fix"] and "bfloat16" not in f["fix"] for f in findings)

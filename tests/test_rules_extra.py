@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
-from conftest import sample
+from conftest import DATA, sample
 from tracebuild import read_json, write_json
 
 from attntrace.engine import lint_trace
@@ -114,7 +113,7 @@ def test_at302_sync_inside_an_annotation_claims_no_more_than_it_waited():
     # HTA's DDP trace (A100): 8 cudaEventSynchronize per step directly inside DistributedDataParallel.forward, a
     # record_function block of ~100 ms. The block was taken for the op the sync ran in: 4.2 ms "per step without
     # the profiler" from syncs that held the CPU 26 us per step in all.
-    trace = load(str(Path(__file__).parent / "data" / "hta_nccl_a100.json.gz"))
+    trace = load(str(DATA / "hta_nccl_a100.json.gz"))
     syncs = [f for f in lint_trace(trace).findings if f["rule"] == "AT302"]
     assert syncs
     for f in syncs:
@@ -125,7 +124,7 @@ def test_at302_sync_inside_an_annotation_claims_no_more_than_it_waited():
 def test_at302_an_annotation_written_as_an_operator_is_no_op_either(tmp_path):
     # PyTorch 1.8-1.10 write record_function blocks with cat "Operator", as they write aten ops: the same DDP trace
     # with its annotations so written claimed the blocks' time again.
-    doc = read_json(Path(__file__).parent / "data" / "hta_nccl_a100.json.gz")
+    doc = read_json(DATA / "hta_nccl_a100.json.gz")
     for event in doc["traceEvents"]:
         if event.get("cat") == "user_annotation":
             event["cat"] = "Operator"
@@ -173,7 +172,6 @@ def test_at102_without_shapes_is_silent_on_fused_attention(name):
 
 
 # --- One step, one figure: the GPU a step behind the CPU ----------------------------------------------------------
-DATA = Path(__file__).parent / "data"
 
 
 def test_at402_steps_do_not_overlap_when_the_gpu_runs_a_step_behind():
