@@ -351,3 +351,37 @@ def write_run_report(out_dir: Path, run: dict[str, Any], lint_traces: bool = Tru
     target = Path(out_dir) / "report.html"
     target.write_text(page, encoding="utf-8")
     return target
+
+
+def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
+           pin_copies: bool = False, graph: bool = False, config: PathLike | None = None) -> dict[str, Any]:
+    """`attntrace whatif`: the trace's steps replayed without the profiler, before and after a change (kernel
+    classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
+    the critical path before. Raises TraceReadError (one line) when the trace cannot be read, ValueError for a
+    class the trace does not have."""
+    from attntrace.engine import summarize_trace
+    from attntrace.loading import load
+    from attntrace.model.critical_path import summarize as summarize_paths
+    from attntrace.model.whatif import as_json, change_for, describe, kernel_classes
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+
+    name = os.fspath(path)
+    try:
+        trace = load(name, ReadOptions(DEFAULT_MAX_BYTES, False))
+        summary = summarize_trace(trace, build_settings(config=config))
+    except TraceError as exc:
+        raise TraceReadError(f"{name}: {exc.message}") from None
+    except OSError as exc:
+        raise TraceReadError(f"{name}: {exc.strerror or exc}") from None
+    unknown = sorted(set(speedup or {}) - set(kernel_classes(trace)))
+    if unknown:
+        raise ValueError(f"{name}: no kernels of class {', '.join(unknown)} in this trace (it has: "
+                         f"{', '.join(kernel_classes(trace)) or 'none'})")
+    if trace.replay.reason:
+        raise ValueError(f"{name}: cannot replay the steps ({trace.replay.reason})")
+    change = change_for(trace, speedup, drop_syncs, pin_copies, graph)
+    steady = set(zip(trace.replay.steady["step"].to_list(), trace.replay.steady["device"].to_list(), strict=True))
+    before = summarize_paths([p for p in trace.critical_path.paths if (p["step"], p["device"]) in steady])
+    after = summarize_paths([p for p in trace.whatif_replay(change).paths if (p["step"], p["device"]) in steady])
+    return {"path": name, "change": describe(change), "devices": as_json(trace.whatif(change)),
+            "critical_path_before": before, "critical_path_after": after, "profiler": summary["profiler"]}

@@ -224,7 +224,7 @@ def _summarize_path(path: str, options: Any, settings: Any) -> dict[str, Any]:
     from attntrace.engine import summarize_trace
 
     trace = load(path, options)
-    return {"path": trace.path, **summarize_trace(trace, settings)}
+    return {"path": trace.path, **summarize_trace(trace, settings, with_path=True)}
 
 
 @main.command(short_help="Per-step numbers of traces: GPU busy, kernels, copies.")
@@ -261,6 +261,49 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, con
 
 
 # --- run ------------------------------------------------------------------------------------------
+def _speedups(values: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for value in values:
+        name, _, factor = value.partition("=")
+        try:
+            out[name.strip()] = float(factor)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not CLASS=FACTOR (e.g. gemm_fp32_simt=4)",
+                                     param_hint="--speedup") from None
+    return out
+
+
+@main.command(short_help="Replay a trace's steps with a change: what the step would gain.")
+@click.argument("path")
+@click.option("--speedup", multiple=True, metavar="CLASS=FACTOR",
+              help="Kernels of this class or group (rules/taxonomy.toml) run FACTOR times faster. Repeatable.")
+@click.option("--drop-syncs", is_flag=True, help="Host syncs no longer wait for the GPU.")
+@click.option("--pin-copies", is_flag=True, help="Copies from pageable memory become pinned and asynchronous.")
+@click.option("--graph", is_flag=True, help="Each stretch of launches between syncs runs as one CUDA graph.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A TOML file whose [tool.attntrace.profiler_cost] replays the step, as lint's --config.")
+def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bool, graph: bool, fmt: str,
+           config_path: str | None) -> None:
+    """Replay PATH's steps without the profiler, before and after a change, per device: the step's wall time and
+    what its critical path spends it on. A finding's wall saving is one such replay."""
+    from attntrace.api import TraceReadError
+    from attntrace.api import whatif as run_whatif
+    from attntrace.formats.summary_text import whatif_text
+
+    try:
+        result = run_whatif(path, speedup=_speedups(speedup), drop_syncs=drop_syncs, pin_copies=pin_copies,
+                            graph=graph, config=config_path)
+    except (TraceReadError, ValueError) as exc:
+        _error(str(exc))
+        sys.exit(EXIT_ERROR)
+    if fmt == "json":
+        _emit(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n", None, [path])
+    else:
+        _emit(whatif_text(_printable(result)) + "\n", None, [path])
+    sys.exit(EXIT_OK)
+
+
 @main.command(short_help="Profile each attention implementation and compare.")
 @click.option("--variants", default="all", show_default=True,
               help="Comma-separated variant names, or all (those that fit the scenario).")

@@ -40,12 +40,12 @@ def lint_trace(trace: Trace, settings: Settings | None = None) -> TraceReport:
         return _lint_trace(trace, settings)
 
 
-def summarize_trace(trace: Trace, settings: Settings) -> dict[str, Any]:
+def summarize_trace(trace: Trace, settings: Settings, with_path: bool = False) -> dict[str, Any]:
     """`attntrace summary` of one trace, its profiler estimate made with the config's costs (`run
     --calibrate-profiler`) as lint's is: summary and lint give a trace the same step without the profiler."""
     if settings.profiler_cost:
         trace.shared["profiler_costs"] = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
-    return summarize(trace)
+    return summarize(trace, with_path)
 
 
 def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:

@@ -9,7 +9,9 @@ import polars as pl
 
 from attntrace import occupancy, taxonomy
 from attntrace.model import Trace, busy_us
-from attntrace.model.replay import RECORDED_STEP
+from attntrace.model.critical_path import summarize as summarize_paths
+from attntrace.model.replay import RECORDED_STEP, Change
+from attntrace.model.whatif import as_json, describe
 
 SDPA_OPS = {
     "aten::_scaled_dot_product_flash_attention": "flash",
@@ -126,7 +128,29 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
     return out
 
 
-def summarize(trace: Trace) -> dict[str, Any]:
+# Every fix a replay can make at once: savings do not add, so "all fixes" is one replay of its own.
+ALL_FIXES = Change(drop_syncs=None, pin_copies=None, graph=True)
+
+
+def critical_path(trace: Trace) -> dict[str, Any] | None:
+    """The steady steps' critical path per device (model/critical_path.py), and the step with every replayable fix
+    at once (`all_fixes`); None where no replay can be made. A contract: summary's JSON `critical_path`."""
+    replayed = trace.replay
+    if replayed.reason or not replayed.table.height:
+        return None
+    steady = set(zip(replayed.steady["step"].to_list(), replayed.steady["device"].to_list(), strict=True))
+    paths = [p for p in trace.critical_path.paths if (p["step"], p["device"]) in steady]
+    devices = []
+    for device in summarize_paths(paths):
+        devices.append({**device, "step_us": _r(device["step_us"]),
+                        "parts": [{"on": p["on"], "us": _r(p["us"]), "share": round(p["share"], 4)}
+                                  for p in device["parts"]]})
+    fixed = as_json(trace.whatif(ALL_FIXES))
+    return {"devices": devices, "all_fixes": {"change": describe(ALL_FIXES), "devices": fixed}}
+
+
+def summarize(trace: Trace, with_path: bool = False) -> dict[str, Any]:
+    """The summary of one trace; with_path: its critical path too (a second replay: `summary` asks, lint does not)."""
     steps = trace.step_table.drop("step_us")
     # Each step's own figures, and whether it is one of the steady steps whose medians the profiler line gives.
     steady = trace.replay.steady.select("step", "device", pl.lit(True).alias("steady"))
@@ -166,6 +190,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "notes": [*trace.meta.notes, *info.notes],
         "incomplete": trace.meta.incomplete,
         "profiler": profiler_cost(trace),
+        **({"critical_path": critical_path(trace)} if with_path else {}),
     }
 
 

@@ -8,8 +8,10 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
+from attntrace.model.critical_path import DATA_LOADING, summarize
 from attntrace.model.intervals import merged_runs
-from attntrace.model.replay import INDUCTOR_KERNEL_OP
+from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change
+from attntrace.model.whatif import describe
 
 TOP_GAPS = 3
 # CPU ops that block the host until other ranks arrive: an idle gap under one is waiting on communication.
@@ -184,6 +186,9 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     else:
         waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
     settings = ctx.trace.replay.settings
+    path: dict[str, Any] | None = None
+    wall_us: float | None = None
+    whatif: str | None = None
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
     # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
@@ -212,11 +217,19 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                "record with fewer settings (record_shapes and with_stack cost the most); lint with your "
                "machine's costs (`attntrace run --calibrate-profiler`).")
     else:
+        path = waits_on(ctx, device, steps)
         message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler (estimated: "
                    f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
-                   f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; the largest recorded gap "
-                   f"({fmt_ms(first['idle_us'])}) {waits}")
-        fix = COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"]
+                   f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; "
+                   + (f"the step's critical path waits on {path['text']}" if path and not first["blocking_collective"]
+                      else f"the largest recorded gap ({fmt_ms(first['idle_us'])}) {waits}"))
+        fix = (COLLECTIVE_FIX if first["blocking_collective"] else
+               PATH_FIXES.get(path["cause"], ctx.rule.docs["fix"]) if path else ctx.rule.docs["fix"])
+        if path and path["change"] is not None:
+            wall = [s.saved_us for s in ctx.trace.whatif(path["change"]) if s.device == device]
+            wall_us, whatif = (wall[0] if wall else None), describe(path["change"])
+            if wall_us is not None:
+                message += f"; with {whatif}, the step would take ~{fmt_ms(wall_us)} less (wall time, replayed)"
     # The costs the replay used: a config's (run --calibrate-profiler) or the defaults.
     costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
                   else "attntrace/profiler_cost.toml")
@@ -227,6 +240,7 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         message=message,
         where={"op_chain": None, "kernel": None, "steps": sorted(int(s) for s in steps["step"].to_list())},
         evidence={"est_idle_us_per_step": est_idle, "est_step_us": est_step, "est_idle_share": est_share,
+                  "critical_path": path["parts"] if path else None,
                   "recorded_idle_us_per_step": rec_idle, "recorded_window_us_per_step": rec_span,
                   "recorded_idle_share": rec_share, "profiler_cpu_us_per_step": profiler_us,
                   "profiler_settings": settings, "largest_recorded_gaps": largest,
@@ -243,4 +257,62 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         fix=fix,
         # Where the idle is the profiler's own, a framework's switch would fix nothing either.
         framework_fix=not profiler_only and share_range is None,
+        wall_us_per_step=wall_us,
+        whatif=whatif,
     )
+
+
+# What the step waits on, by the CPU-side category that holds most of its critical path, and the change that
+# takes it off (None: no replayable change; Python's own time is the program's to restructure).
+PATH_CAUSES: dict[str, tuple[str, Change | None]] = {
+    "cpu: host waits": ("syncs", Change(drop_syncs=None, pin_copies=None)),
+    "copies": ("copies", Change(drop_syncs=None, pin_copies=None)),
+    "cpu: launches": ("launch-bound CPU", Change(graph=True)),
+    "cpu: framework ops": ("launch-bound CPU", Change(graph=True)),
+    "launch latency": ("launch-bound CPU", Change(graph=True)),
+    "cpu: optimizer": ("the optimizer", Change(graph=True)),
+    "cpu: data loading": ("the data loader", None),
+    "cpu: python": ("Python", None),
+}
+PATH_FIXES = {
+    "syncs": "Remove the host syncs on the path (AT302 names each): keep values on the GPU, pin host memory and "
+             "copy with `non_blocking=True`.",
+    "copies": "Pin the host memory (`.pin_memory()`, `DataLoader(pin_memory=True)`) and copy with "
+              "`.to(device, non_blocking=True)`, or build the tensor on the device.",
+    "launch-bound CPU": "The CPU cannot launch kernels as fast as the GPU runs them: capture the step in a CUDA graph "
+                        "(`torch.compile(mode=\"reduce-overhead\")`, `torch.cuda.graphs`), fuse small ops "
+                        "(`torch.compile`), or give the GPU more work per launch (a larger batch).",
+    "the optimizer": "Use the fused optimizer (`fused=True` for Adam/AdamW/SGD) or `foreach=True`, or capture it in "
+                     "the step's CUDA graph.",
+    "the data loader": "Move data loading off the main thread: `DataLoader(num_workers=N, pin_memory=True, "
+                       "persistent_workers=True)`, and copy with `non_blocking=True`.",
+    "Python": "The step's own Python holds the GPU back: move per-step Python work out of the loop, or compile the "
+              "step (`torch.compile`) so it runs without the interpreter.",
+}
+
+
+def waits_on(ctx: Context, device: int, steps: pl.DataFrame) -> dict[str, Any] | None:
+    """The steady steps' critical path on `device` (model/critical_path.py): what it spends its time on, the
+    CPU-side cause that holds most of it, and that cause's replayable change."""
+    paths = [p for p in ctx.trace.critical_path.paths
+             if p["device"] == device and p["step"] in set(steps["step"].to_list())]
+    if not paths:
+        return None
+    summary = summarize(paths)[0]
+    parts = summary["parts"]
+    host = [p for p in parts if p["on"] in PATH_CAUSES]
+    if not host:
+        return None
+    # Categories that share a cause add up (launches and the framework ops that make them).
+    by_cause: dict[str, float] = {}
+    for p in host:
+        by_cause[PATH_CAUSES[p["on"]][0]] = by_cause.get(PATH_CAUSES[p["on"]][0], 0.0) + p["share"]
+    cause = max(sorted(by_cause), key=lambda c: by_cause[c])
+    change = next(change for on, (name, change) in PATH_CAUSES.items() if name == cause)
+    if cause == "the data loader":
+        loaders = ctx.trace.ops.filter(pl.col("name").str.contains(DATA_LOADING.pattern))
+        change = Change(cpu_removed=tuple(sorted(zip(loaders["ts"].to_list(), loaders["end"].to_list(),
+                                                     strict=True))))
+    shares = ", ".join(f"{p['on']} {100 * p['share']:.0f}%" for p in parts[:5])
+    return {"cause": cause, "change": change, "parts": parts,
+            "text": f"{cause} ({100 * by_cause[cause]:.0f}% of it; {shares})"}

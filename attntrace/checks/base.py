@@ -169,7 +169,8 @@ class Context:
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
                 device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
-                step_us: float | None = None, framework_fix: bool = True) -> dict[str, Any]:
+                step_us: float | None = None, framework_fix: bool = True,
+                wall_us_per_step: float | None = None, whatif: str | None = None) -> dict[str, Any]:
         """A finding. Its `identity` hashes the rule and a key made of names only (op chain, kernel), never
         timings, so it survives re-captures of the same program; its `fingerprint` adds the trace's identity
         (model/identity.py), so that two traces' findings never share one. Baselines use the fingerprint, `diff`
@@ -182,6 +183,9 @@ class Context:
         the saving reaches the rule's min_saving_share of the step, else info: a warning promises a saving worth
         acting on. A framework's own fix (rules/frameworks.toml) comes first unless framework_fix is False (a
         finding that says there is nothing to fix).
+
+        `wall_us_per_step`, where the rule replayed its fix (Trace.whatif; `whatif` names the change), is what the
+        step itself would lose: what leaves its critical path. The severity then follows it, not the GPU time.
         """
         identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
         label = self.trace.label or trace_label(self.trace.path, (), self.trace.meta.rank)
@@ -200,12 +204,19 @@ class Context:
                  "rank": self.trace.meta.rank}
         denominator = self.step_us if step_us is None else step_us
         share = gpu_us_per_step / denominator if denominator else 0.0
+        wall_share = (wall_us_per_step / denominator if denominator else 0.0) if wall_us_per_step is not None else None
+        if severity is None and wall_share is not None:
+            severity = self.severity if wall_share >= self.params.get(MIN_SAVING_SHARE, DEFAULT_MIN_SAVING_SHARE) \
+                else "info"
         if severity is None:
             worth = share >= self.params.get(MIN_SAVING_SHARE, DEFAULT_MIN_SAVING_SHARE)
             severity = self.severity if worth else "info"
         saved = significant(gpu_us_per_step) if assumption else round(gpu_us_per_step, 3)
         impact: dict[str, Any] = {"gpu_us_per_step": saved, "share_of_step": round(share, 4), "saving": saving,
                                   "step_us": round(denominator, 3), "assumption": assumption}
+        if wall_us_per_step is not None:
+            impact.update(wall_us_per_step=significant(wall_us_per_step) if wall_us_per_step >= 0.01 else 0.0,
+                          wall_share_of_step=round(wall_share or 0.0, 4), whatif=whatif)
         return {
             "rule": self.rule.id,
             "name": self.rule.name,

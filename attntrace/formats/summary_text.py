@@ -25,6 +25,7 @@ def summary_table(s: dict[str, Any]) -> str:
     lines.extend(f"  note: {note}" for note in s["notes"])
     if s.get("profiler"):
         lines.append(f"  profiler: {profiler_line(s['profiler'])}")
+    lines.extend(critical_path_lines(s.get("critical_path")))
     if len(s["devices"]) > 1 or any(d["comm_us"] for d in s["devices"]):
         rows = [[d["device"], d["name"] or "-", d["streams"], _ms(d["gpu_busy_us"]), _ms(d["compute_us"]),
                  _ms(d["comm_us"]), _ms(d["overlap_us"])] for d in s["devices"]]
@@ -117,3 +118,34 @@ def _steps(s: dict[str, Any]) -> str:
     if s.get("steps_source") == "inferred":
         return f"{s['steps']} (inferred from {s['steps_from']})"
     return str(s["steps"])
+
+
+def critical_path_lines(path: dict[str, Any] | None) -> list[str]:
+    """The critical path of the median steady step, per device, and the step with every replayable fix."""
+    if not path:
+        return []
+    lines = []
+    after = {d["device"]: d for d in path["all_fixes"]["devices"]}
+    for device in path["devices"]:
+        parts = "   ".join(f"{p['on']} {_ms(p['us'])} ({100 * p['share']:.0f}%)" for p in device["parts"][:6])
+        lines.append(f"  critical path (device {device['device']}, {_ms(device['step_us'])} ms step without the "
+                     f"profiler): {parts}")
+        fixed = after.get(device["device"])
+        if fixed:
+            lines.append(f"  all fixes at once ({path['all_fixes']['change']}): {_ms(fixed['before_us'])} -> "
+                         f"{_ms(fixed['after_us'])} ms per step (replayed; savings do not add)")
+    return lines
+
+
+def whatif_text(result: dict[str, Any]) -> str:
+    """`attntrace whatif`'s table: each device's step before and after, and its critical path both ways."""
+    lines = [f"{result['path']}", f"  change: {result['change']}"]
+    for device in result["devices"]:
+        lines.append(f"  device {device['device']}: {_ms(device['before_us'])} -> {_ms(device['after_us'])} ms per "
+                     f"step without the profiler (saves {_ms(device['saved_us'])} ms, replayed; mean of the steady "
+                     "steps)")
+    for label, paths in (("before", result["critical_path_before"]), ("after", result["critical_path_after"])):
+        for path in paths:
+            parts = "   ".join(f"{p['on']} {_ms(p['us'])} ({100 * p['share']:.0f}%)" for p in path["parts"][:6])
+            lines.append(f"  critical path {label} (device {path['device']}): {parts}")
+    return "\n".join(lines)

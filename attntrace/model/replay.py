@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.model import optree
+from attntrace.model.critical_path import COPIES, Placement, cpu_timeline, walk
 from attntrace.model.intervals import busy_us
 from attntrace.model.tables import GRAPH_LAUNCH_APIS
 
@@ -57,6 +58,43 @@ INDUCTOR_KERNEL_OP = "triton_"
 # (<cache dir>/<2 chars>/c<hash>.py), one straight-line function with a statement per kernel and buffer.
 INDUCTOR_WRAPPER = r"/c[a-z0-9]{20,}\.py\(\d+\): call$"
 SETTINGS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
+# A copy to or from pageable host memory (Kineto names the memory kinds of each copy).
+PAGEABLE_COPY = "Pageable"
+# A pinned host-to-device copy on the H200 host (PCIe Gen5), bytes per us: what a pageable copy takes once pinned.
+PINNED_COPY_BYTES_PER_US = 50e3
+# What an asynchronous copy call costs the CPU once its memory is pinned (it only queues the copy).
+ASYNC_COPY_CALL_US = 6.0
+# The CPU cost of one kernel in a graph launch (cudaGraphLaunch, per node), measured without the profiler.
+GRAPH_NODE_US = 0.5
+
+
+@dataclass(frozen=True)
+class Change:
+    """A fix applied to the replay, to see what the step would gain (a what-if).
+
+    drop_syncs: the blocking calls (launches-table idx) that no longer wait for the GPU; None: every one that is not
+    a pageable copy. pin_copies: the pageable copy calls made pinned and asynchronous; None: every one. speedup:
+    GPU work (gpu-table idx) -> how many times faster it runs. graph: every stretch of launches with no blocking
+    call between them launched as one graph (the CPU's time between launches gone). cpu_removed: recorded CPU
+    intervals (start, end) taken off the path (a data loader's wait moved to its workers)."""
+    drop_syncs: frozenset[int] | None = frozenset()
+    pin_copies: frozenset[int] | None = frozenset()
+    speedup: tuple[tuple[int, float], ...] = ()
+    graph: bool = False
+    cpu_removed: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def is_none(self) -> bool:
+        return self == NO_CHANGE
+
+    def drops(self, call: int, pageable: bool) -> bool:
+        """Whether the blocking call no longer blocks: a sync dropped, or a pageable copy pinned."""
+        if pageable:
+            return self.pin_copies is None or call in self.pin_copies
+        return self.drop_syncs is None or call in self.drop_syncs
+
+
+NO_CHANGE = Change()
 
 
 @dataclass(frozen=True)
@@ -150,6 +188,8 @@ class Replay:
     host_factor: float = 1.0  # the per-event costs' scale for this trace's host (ProfilerCosts.scaled_for)
     costs: ProfilerCosts | None = None  # the per-event costs the replay charged, scaled for this trace's host
     costs_by_device: dict[int, ProfilerCosts] = field(default_factory=dict)  # each device's process's, scaled
+    # With with_path: per (step, device), the replayed step's critical path (step, device, step_us, spent: {on: us}).
+    paths: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def events_per_step(self) -> dict[str, float]:
@@ -236,9 +276,10 @@ class _CpuClock:
         return t - self.overhead_before(t) - self.saved
 
 
-def replay(trace: Any, costs: ProfilerCosts) -> Replay:
+def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False) -> Replay:
     """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
-    per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for)."""
+    per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for), and `change` applied
+    (a what-if: the step as it would run with that fix); with_path: each step's critical path too (Replay.paths)."""
     # CUDA kernel launch calls only: the reference was measured on them (a HIP launch costs what ROCm's runtime
     # does; a graph launch records every kernel of its graph and takes far longer, which is no slower host: a
     # graph-replaying trace read as one scaled its costs 3x and charged more profiler time than its step lasted).
@@ -250,7 +291,7 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
                .agg(pl.col("dur").median()).iter_rows()}
     scaled = {device: costs.scaled_for(medians.get(pid)) for device, pid in sorted(trace.device_process.items())}
     by_device = {device: c for device, (c, _) in scaled.items()}
-    result = _replay(trace, by_device)
+    result = _replay(trace, by_device, change, with_path)
     # The first device's, as summary gives one (a single process: its only one); with no device, the trace's.
     pooled = kernel_launches["dur"].median() if kernel_launches.height else None
     first = next(iter(scaled.values()), None) or costs.scaled_for(float(pooled) if pooled is not None else None)
@@ -258,7 +299,7 @@ def replay(trace: Any, costs: ProfilerCosts) -> Replay:
     return result
 
 
-def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts]) -> Replay:
+def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts], change: Change, with_path: bool) -> Replay:
     settings = settings_of(trace.meta.flags, trace.has_shapes, trace.python.height)
     steps = trace.steps.filter(~pl.col("capture"))
     empty = pl.DataFrame(schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
@@ -272,23 +313,27 @@ def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts]) -> Replay:
     if not trace.ops.height and not trace.launches.height:
         return Replay(empty, settings, {}, "no CPU events: the profiler's CPU cost cannot be estimated")
     frames, idle_after_sync, by_device = [], {}, {}
+    paths: list[dict[str, Any]] = []
     for device, pid in sorted(trace.device_process.items()):
         mine = steps.filter(pl.col("pid").cast(pl.String) == pid)
         # A pid of ASCII digits (str.isdigit also takes "²", which int() refuses) that int() reads quickly.
         if not mine.height or not re.fullmatch(r"-?[0-9]{1,40}", pid):
             continue
-        frame, per_step, idle = _replay_device(trace, device, int(pid), mine.sort("ts", "step"), settings,
-                                               costs_by_device[device])
+        frame, per_step, idle, device_paths = _replay_device(trace, device, int(pid), mine.sort("ts", "step"),
+                                                             settings, costs_by_device[device], change, with_path)
+        paths.extend(device_paths)
         frames.append(frame)
         by_device[device] = per_step
         idle_after_sync.update(idle)
     if not frames:
         return Replay(empty, settings, {}, "no step of the process that drives the GPU")
-    return Replay(pl.concat(frames).sort("step", "device"), settings, by_device, idle_after_sync=idle_after_sync)
+    return Replay(pl.concat(frames).sort("step", "device"), settings, by_device, idle_after_sync=idle_after_sync,
+                  paths=paths)
 
 
 def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
-                   costs: ProfilerCosts) -> tuple[pl.DataFrame, dict[str, float], dict[int, float]]:
+                   costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False
+                   ) -> tuple[pl.DataFrame, dict[str, float], dict[int, float], list[dict[str, Any]]]:
     begin, finish = float(steps["ts"].min()), float(steps["end"].max())
     # pid columns are text in traces where some pid is ("Spans", ""): compare as text, which fits both.
     inside = (pl.col("pid").cast(pl.String) == str(pid)) & (pl.col("ts") >= begin) & (pl.col("ts") < finish)
@@ -298,7 +343,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     op_cost = costs.op_cost(settings)
 
     gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin))
-           .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind"))
+           .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind", "name", "bytes", "group"))
     launch_rows = dict(zip(launches["idx"].to_list(),
                            zip(launches["ts"].to_list(), launches["end"].to_list(), launches["name"].to_list(),
                                strict=True), strict=True))
@@ -315,25 +360,35 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
         return pl.DataFrame({"start": starts.cast(pl.Float64), "cost": pl.repeat(cost, starts.len(), eager=True,
                                                                                    dtype=pl.Float64)})
 
-    clock = _CpuClock(pl.concat([
+    profiler_costs = pl.concat([
         costed(ops["ts"], op_cost), costed(launches["ts"], costs.runtime_call_us),
         costed(python["ts"], costs.python_function_us), costed(steps["ts"].slice(1), costs.step_us), graphs,
         costed(ops.filter(pl.col("name").str.starts_with(INDUCTOR_KERNEL_OP))["ts"],
                costs.inductor_kernel_cost(settings)),
-        _inductor_wrapper_costs(python, costs.inductor_wrapper_event_us, costs.inductor_wrapper_statement_us)]))
+        _inductor_wrapper_costs(python, costs.inductor_wrapper_event_us, costs.inductor_wrapper_statement_us)])
+    clock = _CpuClock(profiler_costs)
     single = set(per_launch.filter(pl.col("len") == 1)["launch"].to_list())
     latency = _idle_launch_latency(gpu, launches.filter(pl.col("idx").is_in(list(single))).select("idx", "ts"),
                                    costs.runtime_call_us)
     copies = gpu.filter(pl.col("launch").is_not_null() & (pl.col("kind") == "memcpy"))
     copy_end = dict(zip(copies["launch"].to_list(), copies["end"].to_list(), strict=True))
+    pageable = pageable_copies(copies)
 
     # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
     # calls (which wait for it). Each entry: (time, kind, tie-break, payload); kind 1 is a blocking call, 0 a
     # launch's work, 2 work with no launch in the window; at one time and kind, work that started first goes first.
     cpu_events: list[tuple[float, int, float, Any]] = []
+    blocking_ends: list[float] = []
+    blocking_calls: set[int] = set()
     for idx, (ts, end, name) in launch_rows.items():
         if _is_blocking(name, end - ts, copy_end.get(idx), end):
-            cpu_events.append((end, 1, 0.0, (idx, ts, end)))
+            cpu_events.append((end, 1, 0.0, (idx, ts, end, change.drops(idx, idx in pageable))))
+            blocking_ends.append(end)
+            blocking_calls.add(idx)
+    if change.graph or change.cpu_removed:
+        # The CPU time the fix takes away, beside the profiler's: charged the same way, as a cost before a moment.
+        clock = _CpuClock(pl.concat([profiler_costs, _removed_cpu(change, clock, launches, steps, blocking_ends)]))
+    durations = _changed_durations(change, gpu, pageable)
     work_by_launch: dict[int, list[tuple[int, float, float, int]]] = {}
     unlaunched: list[tuple[int, float, float, int]] = []
     for launch, *item in zip(gpu["launch"].to_list(), gpu["idx"].to_list(), gpu["ts"].to_list(),
@@ -367,11 +422,21 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     sync_returns: dict[int, float] = {}
     runtime_call_us = costs.runtime_call_us
     find = bisect.bisect_right
+    # What the critical path needs of the placement, kept only when it is asked for.
+    placement = (Placement(new_start, new_end, {}, latency, {}, _path_groups(gpu, pageable)) if with_path
+                 else None)
+    ended_by: dict[float, int] = {}  # replayed end -> the work that ends there
     for t, kind, _, payload in cpu_events:
         if kind == 1:
-            sync, ts, end = payload
+            sync, ts, end, dropped = payload
             # The sync returned at `end`: what it waited for had ended by then. In the replay it returns when
             # that work ends there, or at once.
+            if dropped:  # the fix: the call no longer waits (a sync removed, a copy made pinned and asynchronous)
+                start_new = ts - overhead[ts] - clock.saved
+                returns = start_new + (min(ASYNC_COPY_CALL_US, end - ts) if sync in pageable else 0.0)
+                clock.saved += (end - overhead[end] - clock.saved) - returns
+                sync_returns[sync] = returns
+                continue
             if end + TOUCH_US >= latest_recorded:
                 done = latest_replayed
             else:
@@ -381,8 +446,14 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
             clock.saved += (end - overhead[end] - clock.saved) - returns
             sync_returns[sync] = returns
+            if placement is not None:
+                placement.anchors.append((end, returns))
+                if done > start_new + min(SYNC_FLOOR_US, end - ts):
+                    placement.waits.append((returns, start_new, ended_by[done]))
             continue
         launched_at = t - overhead[t] - clock.saved if kind == 0 else 0.0
+        if placement is not None and kind == 0:
+            placement.anchors.append((t, launched_at))
         for idx, ts, end, stream in payload:
             prev = stream_end.get(stream)
             gap = max(0.0, ts - prev[0]) if prev else 0.0
@@ -408,9 +479,14 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                     # (Not a late start after a launch: the launch latency varies, and the profiler lengthens
                     # it; nor a graph launch: its kernels wait for the call, which the profiler lengthens.)
                     ready = max(ready, prev[1] + (ts - prev[0]))
-            stop = ready + (end - ts)
+            stop = ready + durations.get(idx, end - ts)
             new_start[idx] = ready
             new_end[idx] = stop
+            if placement is not None:
+                ended_by[stop] = idx
+                placement.stream[idx] = stream
+                if kind == 0:
+                    placement.launched[idx] = launched_at
             stream_end[stream] = (end, stop)
             if end >= latest_recorded:  # work mostly ends in order: append rather than search
                 ends_recorded.append(end)
@@ -427,8 +503,102 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     count = trace.steps_per_process.get(str(pid)) or steps.height
     per_step_events = {"cpu_ops": ops.height / count, "runtime_calls": launches.height / count,
                        "python_functions": python.height / count}
-    return (_per_step(trace, device, steps, clock, new_start, new_end), per_step_events,
-            _idle_after_syncs(sync_returns, new_start))
+    bounds: list[tuple[int, float, float, float]] | None = [] if placement is not None else None
+    table = _per_step(trace, device, steps, clock, new_start, new_end, durations, bounds)
+    if placement is not None and bounds is not None:
+        paths = _paths(trace, device, pid, placement, bounds, launches, ops, begin, finish, blocking_calls)
+    else:
+        paths = []
+    return table, per_step_events, _idle_after_syncs(sync_returns, new_start), paths
+
+
+def pageable_copies(copies: pl.DataFrame) -> set[int]:
+    """The launch calls (idx) of bulk copies to or from pageable host memory (copies: the gpu table's memcpy rows
+    with their launch): the call blocks the CPU while the driver stages the data. A `.item()`'s few bytes copied
+    to pageable memory are a sync, not a copy to pin."""
+    bulk = copies.filter(pl.col("name").str.contains(PAGEABLE_COPY, literal=True)
+                         & (pl.col("bytes").fill_null(PAGEABLE_COPY_MIN_BYTES) >= PAGEABLE_COPY_MIN_BYTES))
+    return set(bulk["launch"].to_list())
+
+
+# A copy of fewer bytes is a read-back (a scalar, a few values), whatever memory it lands in.
+PAGEABLE_COPY_MIN_BYTES = 64 << 10
+
+
+def _changed_durations(change: Change, gpu: pl.DataFrame, pageable: set[int]) -> dict[int, float]:
+    """GPU work whose duration the fix changes (idx -> replayed us): sped-up kernels, and pageable copies made
+    pinned (at the pinned rate, never slower than recorded)."""
+    durations: dict[int, float] = {}
+    if change.speedup:
+        factors = dict(change.speedup)
+        for idx, ts, end in gpu.filter(pl.col("idx").is_in(list(factors))).select("idx", "ts", "end").iter_rows():
+            durations[idx] = (end - ts) / factors[idx]
+    if pageable and (change.pin_copies is None or change.pin_copies):
+        pinned = pageable if change.pin_copies is None else pageable & change.pin_copies
+        rows = gpu.filter(pl.col("launch").is_in(list(pinned)) & pl.col("bytes").is_not_null())
+        for idx, ts, end, size in rows.select("idx", "ts", "end", "bytes").iter_rows():
+            durations[idx] = min(end - ts, size / PINNED_COPY_BYTES_PER_US)
+    return durations
+
+
+def _removed_cpu(change: Change, clock: _CpuClock, launches: pl.DataFrame, steps: pl.DataFrame,
+                 blocking_ends: list[float]) -> pl.DataFrame:
+    """The CPU time a fix takes off the path, as (start, cost) rows: each removed interval's recorded time less the
+    profiler's cost inside it, charged at its end; with graphs, the CPU time between two launches of one stretch
+    (no blocking call and no step boundary between them) less the profiler's and a graph node's cost, charged at
+    the later launch."""
+    rows: list[tuple[float, float]] = []
+    for start, end in change.cpu_removed:
+        spent = clock.overhead_before(end) - clock.overhead_before(start)
+        rows.append((float(end), max(0.0, end - start - spent)))
+    if change.graph:
+        kernel_launches = launches.filter(pl.col("is_launch")).sort("ts")
+        times = kernel_launches["ts"].cast(pl.Float64).to_list()
+        # A stretch ends at a blocking call (a graph holds none) and at a step's start (one graph per step).
+        breaks = sorted([*blocking_ends, *steps["ts"].cast(pl.Float64).to_list()])
+        # A graph replays its kernels without running their ops' CPU code: the CPU time from the stretch's start (or
+        # the launch before) to each launch goes, not only the time between launches.
+        starts = [breaks[j - 1] if (j := bisect.bisect_right(breaks, t)) else None for t in times]
+        spent = clock.overheads_before(times)
+        spent_at_start = clock.overheads_before([s if s is not None else t for s, t in zip(starts, times, strict=True)])
+        for i, t in enumerate(times):
+            if i and starts[i] == starts[i - 1]:
+                gap = t - times[i - 1] - (spent[i] - spent[i - 1])
+            elif starts[i] is not None:
+                gap = t - starts[i] - (spent[i] - spent_at_start[i])
+            else:
+                continue
+            if gap - GRAPH_NODE_US > 0:
+                rows.append((t, gap - GRAPH_NODE_US))
+    return pl.DataFrame(rows, schema={"start": pl.Float64, "cost": pl.Float64}, orient="row")
+
+
+def _path_groups(gpu: pl.DataFrame, pageable: set[int]) -> dict[int, str]:
+    """Each GPU work's category on the critical path: its kernel group, copies as copies."""
+    groups: dict[int, str] = {}
+    for idx, kind, group in gpu.select("idx", "kind", "group").iter_rows():
+        groups[idx] = COPIES if kind != "kernel" else f"gpu: {group or 'other'}"
+    return groups
+
+
+def _paths(trace: Any, device: int, pid: int, placement: Placement, bounds: list[tuple[int, float, float, float]],
+           launches: pl.DataFrame, ops: pl.DataFrame, begin: float, finish: float,
+           blocking: set[int]) -> list[dict[str, Any]]:
+    """Each step's critical path (model/critical_path.py) from the replay's placement."""
+    parents, names = trace.op_parent, trace.op_names
+    # Top-level ops: no parent but the step's marker.
+    roots = pl.Series([parents[i] is None or names[parents[i]].startswith("ProfilerStep#")
+                       for i in ops["idx"].to_list()], dtype=pl.Boolean)
+    timeline = cpu_timeline(ops, roots, launches, blocking)
+    own: dict[int, set[int]] = {}
+    for idx, step in trace.gpu_linked.filter(pl.col("device") == device).select("idx", "step").iter_rows():
+        if step is not None and idx in placement.start:
+            own.setdefault(step, set()).add(idx)
+    paths = []
+    for step, start, end, cpu_end in bounds:
+        spent = walk(placement, timeline, start, end, cpu_end, own.get(step, set()))
+        paths.append({"step": step, "device": device, "step_us": end - start, "spent": spent})
+    return paths
 
 
 def _inductor_wrapper_costs(python: pl.DataFrame, event_us: float, statement_us: float) -> pl.DataFrame:
@@ -480,10 +650,18 @@ def _idle_launch_latency(gpu: pl.DataFrame, launches: pl.DataFrame, runtime_cost
 
 
 def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, new_start: dict[int, float],
-              new_end: dict[int, float]) -> pl.DataFrame:
+              new_end: dict[int, float], durations: dict[int, float],
+              bounds: list[tuple[int, float, float, float]] | None = None) -> pl.DataFrame:
     """Each step's replayed length: from its start to the next step's start, on the CPU or the GPU, whichever
-    comes later (the CPU can run ahead of the GPU; a step ends when both have done its work)."""
+    comes later (the CPU can run ahead of the GPU; a step ends when both have done its work). `bounds`, when
+    given, receives each step's (step, replayed start, replayed end, the CPU's replayed arrival at the next step)."""
     recorded_work = trace.gpu_linked.filter(pl.col("device") == device)
+    if durations:  # a what-if's faster work: the step's GPU time as recorded shrinks with it
+        changed = pl.DataFrame({"idx": list(durations), "changed_us": list(durations.values())},
+                               schema={"idx": recorded_work.schema["idx"], "changed_us": pl.Float64})
+        recorded_work = (recorded_work.join(changed, on="idx", how="left")
+                         .with_columns(pl.coalesce(pl.col("ts") + pl.col("changed_us"), "end").alias("end"))
+                         .drop("changed_us"))
     linked = recorded_work.select("idx", "step")
     # The GPU time each step's work took as recorded (streams merged): the replay keeps kernel durations but can
     # overlap two streams' kernels that ran one after the other (each filled the GPU), and a step is never
@@ -530,6 +708,7 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
     # the most a step can last once the profiler's cost is gone.
     recorded_end = starts[0]
     rows = []
+    raw_start = cpu_new[0]
     for i, step in enumerate(numbers):
         # A step is over when the CPU reaches the next step and the GPU has finished this step's work. Step ends
         # never go back, so the steps' lengths add up to the replayed window.
@@ -539,6 +718,11 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         step_end = max(cpu_new[i + 1], gpu_end, previous_end)
         gpu_busy = max(busy.get(step, 0.0), recorded_busy.get(step, 0.0))
         est = max(step_end - previous_end, gpu_busy)
+        if bounds is not None:
+            # On the placement's own clock, the backlog not taken away: the path walks placed work.
+            raw_end = max(cpu_new[i + 1], gpu_done.get(step, raw_start), raw_start)
+            bounds.append((step, raw_start, raw_end, cpu_new[i + 1]))
+            raw_start = raw_end
         previous_end = step_end
         # As recorded, a step lasts its CPU window or its GPU work, whichever is longer (Trace.step_table's
         # step_us): a GPU-bound step's CPU marker ends long before its kernels do.

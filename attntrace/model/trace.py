@@ -14,8 +14,9 @@ from attntrace import taxonomy
 from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
-from attntrace.model.replay import ProfilerCosts, Replay, replay
+from attntrace.model.replay import Change, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
+from attntrace.model.whatif import WallSaving, wall_savings
 from attntrace.read.decoding import decode_raw
 
 if TYPE_CHECKING:
@@ -224,6 +225,29 @@ class Trace:
         costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults."""
         costs = self.shared.get("profiler_costs")
         return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
+
+    @cached_property
+    def critical_path(self) -> Replay:
+        """The replay again, with each step's critical path (Replay.paths): asked for by summary and AT402 only,
+        as the walk costs a second replay."""
+        return replay(self, self._profiler_costs, with_path=True)
+
+    def whatif(self, change: Change) -> list[WallSaving]:
+        """Each device's step without the profiler before and after `change` (model/whatif.py), one replay per
+        change asked for."""
+        cache = self.__dict__.setdefault("_whatif", {})
+        if change not in cache:
+            cache[change] = wall_savings(self.replay, replay(self, self._profiler_costs, change))
+        return cache[change]
+
+    def whatif_replay(self, change: Change) -> Replay:
+        """The replay with `change` applied, with each step's critical path (`attntrace whatif`'s after)."""
+        return replay(self, self._profiler_costs, change, with_path=True)
+
+    @property
+    def _profiler_costs(self) -> ProfilerCosts:
+        costs = self.shared.get("profiler_costs")
+        return costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default()
 
     @property
     def profiler_costs_from(self) -> str:

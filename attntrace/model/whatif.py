@@ -1,0 +1,77 @@
+"""What a fix saves in wall time: the replayed step minus the replayed step with the fix applied (model/replay.py's
+Change), over the steady steps of each device. A saving is what leaves the critical path, so savings do not add:
+several fixes together are one replay of their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from attntrace.model.replay import Change, Replay
+
+
+@dataclass(frozen=True)
+class WallSaving:
+    """Per device: the step before and after the change (mean of the steady steps replayed without the profiler)."""
+    device: int
+    before_us: float
+    after_us: float
+
+    @property
+    def saved_us(self) -> float:
+        return max(0.0, self.before_us - self.after_us)
+
+
+def wall_savings(base: Replay, changed: Replay) -> list[WallSaving]:
+    """Each device's step before and after, over the base's steady steps. Means, not medians: a fix can move work
+    across a step boundary (the GPU's tail of one step ending in the next), which moves one step's median and
+    leaves the sum whole."""
+    steady = base.steady.select("step", "device", pl.col("est_step_us").alias("before"))
+    after = changed.table.select("step", "device", pl.col("est_step_us").alias("after"))
+    joined = steady.join(after, on=["step", "device"], how="inner")
+    means = joined.group_by("device").agg(pl.col("before").mean(), pl.col("after").mean()).sort("device")
+    return [WallSaving(int(d), float(b), float(a)) for d, b, a in means.iter_rows()]
+
+
+def describe(change: Change) -> str:
+    """The change in words, as `whatif` and the findings name it."""
+    parts: list[str] = []
+    if change.drop_syncs is None or change.drop_syncs:
+        parts.append("host syncs removed" if change.drop_syncs is None else f"{len(change.drop_syncs)} host sync "
+                     "call(s) removed")
+    if change.pin_copies is None or change.pin_copies:
+        parts.append("pageable copies pinned and asynchronous")
+    if change.speedup:
+        parts.append(f"{len(change.speedup)} GPU kernel(s) sped up")
+    if change.graph:
+        parts.append("launches captured as CUDA graphs")
+    if change.cpu_removed:
+        parts.append("the data loader's wait taken off the path")
+    return ", ".join(parts) or "no change"
+
+
+def as_json(savings: list[WallSaving]) -> list[dict[str, Any]]:
+    return [{"device": s.device, "before_us": round(s.before_us, 3), "after_us": round(s.after_us, 3),
+             "saved_us": round(s.saved_us, 3)} for s in savings]
+
+
+def change_for(trace: Any, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
+               pin_copies: bool = False, graph: bool = False) -> Change:
+    """The Change that `attntrace whatif` asks for (trace: model.Trace): `speedup` maps a kernel class or group of
+    rules/taxonomy.toml (`gemm_fp32_simt`, `attention_flash`, `elementwise`, ...) to how many times faster it runs."""
+    factors: dict[int, float] = {}
+    for name, factor in sorted((speedup or {}).items()):
+        if factor <= 0:
+            raise ValueError(f"speed-up of {name} must be above 0 (got {factor})")
+        chosen = trace.gpu.filter((pl.col("cls") == name) | (pl.col("group") == name))
+        factors.update(dict.fromkeys(chosen["idx"].to_list(), float(factor)))
+    return Change(drop_syncs=None if drop_syncs else frozenset(), pin_copies=None if pin_copies else frozenset(),
+                  speedup=tuple(sorted(factors.items())), graph=graph)
+
+
+def kernel_classes(trace: Any) -> list[str]:
+    """The kernel classes and groups present in the trace, as `--speedup` takes them."""
+    kernels = trace.gpu.filter(pl.col("kind") == "kernel")
+    return sorted({*kernels["cls"].drop_nulls().to_list(), *kernels["group"].drop_nulls().to_list()})
