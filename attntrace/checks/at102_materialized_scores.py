@@ -254,10 +254,18 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
                       "shapes": False,
                       "causal_mask_in_trace": _causal_mask_shown(ctx, hits[0][2], sequence, position)},
             gpu_us_per_step=us_per_step,
+            wall_us_per_step=ctx.wall_saving(ctx.faster(
+                [*launched["idx"].to_list(), *ctx.gpu_under(backward.get(pattern, set()))["idx"].to_list()], math.inf)),
+            whatif=FUSED_WHATIF,
             fix=_fix(_causal_mask_shown(ctx, hits[0][2], sequence, position), False)
             + " Capture with record_shapes=True for the tensor's size and `attntrace run --from-trace`.",
         ))
     return findings
+
+
+# The what-if of a fused kernel: the score tensor's elementwise and softmax kernels gone (the matmuls stay, as the
+# fused kernel's own work).
+FUSED_WHATIF = "the elementwise and softmax kernels between the matmuls gone"
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -306,6 +314,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "backward_gpu_us_per_step": backward_us, "matmul_copy_gpu_us_per_step": matmul_copies_us,
                       "head_dim": head_dim, "causal_mask_in_trace": causal},
             gpu_us_per_step=0.0 if too_wide else us_per_step,
+            wall_us_per_step=None if too_wide else ctx.wall_saving(ctx.faster(
+                [*launched["idx"].to_list(), *ctx.gpu_under(backward[pattern])["idx"].to_list()], math.inf)),
+            whatif=None if too_wide else FUSED_WHATIF,
             fix=_fix(causal, too_wide),
         ))
     return point_to_measurement(ctx, findings)

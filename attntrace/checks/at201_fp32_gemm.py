@@ -139,6 +139,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "share_of_step_gpu": ctx.share_of_gpu(us_per_step, devices),
                       "assumed_tensor_core_speedup": speedup},
             gpu_us_per_step=saved,
+            wall_us_per_step=ctx.wall_saving(ctx.faster((r["idx"] for r in rows), speedup), devices),
+            whatif=f"these GEMMs {speedup:g}x faster",
             assumption=f"if tensor cores run these GEMMs {speedup:g}x faster",
             device=rows[0]["device"],
             fix=PRE_AMPERE_FIX if pre_ampere[rows[0]["device"]] else FIXES[cause],

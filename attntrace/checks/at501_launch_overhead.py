@@ -7,7 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
-from attntrace.model.replay import ProfilerCosts
+from attntrace.model.replay import Change, ProfilerCosts
 
 # One graph launch replays a whole step's kernels for about this much CPU (cudaGraphLaunch, H200, no profiler).
 GRAPH_LAUNCH_US = 10.0
@@ -99,6 +99,9 @@ def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl
                   "top_launching_ops": {n: c / bound.height for n, c in top_ops.iter_rows()}},
         gpu_us_per_step=saving,
         saving=IDLE_REMOVED,
+        # The step captured as graphs, replayed: the CPU's time between its launches goes, not only the calls.
+        wall_us_per_step=ctx.wall_saving(Change(graph=True), [device]),
+        whatif="launches captured as CUDA graphs",
         assumption=("one CUDA graph launch (~10 us) replaces the step's launches; launch cost estimated without the "
                     "profiler"),
         step_us=est_step,

@@ -14,6 +14,7 @@ import polars as pl
 from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule, load_frameworks
 from attntrace.model import Trace
 from attntrace.model.identity import trace_label
+from attntrace.model.replay import Change
 
 ITEM_SIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "int": 4, "long int": 8,
              "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1,
@@ -145,6 +146,19 @@ class Context:
         """A per-step GPU time's share of the GPU time per step of the devices it ran on (gpu_us_of)."""
         gpu = self.gpu_us_of(devices)
         return us_per_step / gpu if gpu else 0.0
+
+    def wall_saving(self, change: Change, devices: Iterable[Any] = ()) -> float | None:
+        """What the step loses in wall time with `change` (model/whatif.py): the largest saving over the devices given
+        (all where none is), None where the steps cannot be replayed."""
+        if self.trace.replay.reason:
+            return None
+        chosen = {int(d) for d in devices if d is not None}
+        savings = [s.saved_us for s in self.trace.whatif(change) if not chosen or s.device in chosen]
+        return max(savings) if savings else None
+
+    def faster(self, kernels: Iterable[Any], factor: float) -> Change:
+        """The change that runs these GPU events (gpu-table idx) `factor` times faster (inf: they go)."""
+        return Change(speedup=tuple(sorted((int(i), factor) for i in set(kernels))))
 
     def op_types(self, op: int | None) -> list[str]:
         if op is None:
