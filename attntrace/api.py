@@ -354,7 +354,8 @@ def write_run_report(out_dir: Path, run: dict[str, Any], lint_traces: bool = Tru
 
 
 def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
-           pin_copies: bool = False, graph: bool = False, config: PathLike | None = None) -> dict[str, Any]:
+           pin_copies: bool = False, graph: bool = False, offload_loader: bool = False,
+           config: PathLike | None = None) -> dict[str, Any]:
     """`attntrace whatif`: the trace's steps replayed without the profiler, before and after a change (kernel
     classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
     the critical path before. Raises TraceReadError (one line) when the trace cannot be read, ValueError for a
@@ -379,7 +380,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
                          f"{', '.join(kernel_classes(trace)) or 'none'})")
     if trace.replay.reason:
         raise ValueError(f"{name}: cannot replay the steps ({trace.replay.reason})")
-    change = change_for(trace, speedup, drop_syncs, pin_copies, graph)
+    change = change_for(trace, speedup, drop_syncs, pin_copies, graph, offload_loader)
     steady = set(zip(trace.replay.steady["step"].to_list(), trace.replay.steady["device"].to_list(), strict=True))
     before = summarize_paths([p for p in trace.critical_path.paths if (p["step"], p["device"]) in steady])
     after = summarize_paths([p for p in trace.whatif_replay(change).paths if (p["step"], p["device"]) in steady])

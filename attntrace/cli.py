@@ -280,11 +280,13 @@ def _speedups(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--drop-syncs", is_flag=True, help="Host syncs no longer wait for the GPU.")
 @click.option("--pin-copies", is_flag=True, help="Copies from pageable memory become pinned and asynchronous.")
 @click.option("--graph", is_flag=True, help="Each stretch of launches between syncs runs as one CUDA graph.")
+@click.option("--offload-loader", is_flag=True,
+              help="The main thread no longer waits for the data loader (workers prepare batches ahead).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="A TOML file whose [tool.attntrace.profiler_cost] replays the step, as lint's --config.")
-def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bool, graph: bool, fmt: str,
-           config_path: str | None) -> None:
+def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bool, graph: bool,
+           offload_loader: bool, fmt: str, config_path: str | None) -> None:
     """Replay PATH's steps without the profiler, before and after a change, per device: the step's wall time and
     what its critical path spends it on. A finding's wall saving is one such replay."""
     from attntrace.api import TraceReadError
@@ -293,7 +295,7 @@ def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bo
 
     try:
         result = run_whatif(path, speedup=_speedups(speedup), drop_syncs=drop_syncs, pin_copies=pin_copies,
-                            graph=graph, config=config_path)
+                            graph=graph, offload_loader=offload_loader, config=config_path)
     except (TraceReadError, ValueError) as exc:
         _error(str(exc))
         sys.exit(EXIT_ERROR)

@@ -8,10 +8,10 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
-from attntrace.model.critical_path import DATA_LOADING, summarize
+from attntrace.model.critical_path import summarize
 from attntrace.model.intervals import merged_runs
 from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change
-from attntrace.model.whatif import describe
+from attntrace.model.whatif import describe, loader_waits
 
 TOP_GAPS = 3
 # CPU ops that block the host until other ranks arrive: an idle gap under one is waiting on communication.
@@ -310,9 +310,7 @@ def waits_on(ctx: Context, device: int, steps: pl.DataFrame) -> dict[str, Any] |
     cause = max(sorted(by_cause), key=lambda c: by_cause[c])
     change = next(change for on, (name, change) in PATH_CAUSES.items() if name == cause)
     if cause == "the data loader":
-        loaders = ctx.trace.ops.filter(pl.col("name").str.contains(DATA_LOADING.pattern))
-        change = Change(cpu_removed=tuple(sorted(zip(loaders["ts"].to_list(), loaders["end"].to_list(),
-                                                     strict=True))))
+        change = Change(cpu_removed=loader_waits(ctx.trace))
     shares = ", ".join(f"{p['on']} {100 * p['share']:.0f}%" for p in parts[:5])
     return {"cause": cause, "change": change, "parts": parts,
             "text": f"{cause} ({100 * by_cause[cause]:.0f}% of it; {shares})"}

@@ -373,6 +373,12 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     copies = gpu.filter(pl.col("launch").is_not_null() & (pl.col("kind") == "memcpy"))
     copy_end = dict(zip(copies["launch"].to_list(), copies["end"].to_list(), strict=True))
     pageable = pageable_copies(copies)
+    if pageable:
+        # A blocking copy's op also synchronizes its stream after it (copy_ with non_blocking=False): that sync
+        # goes with the copy when the copy is made pinned and asynchronous.
+        linked = trace.launches_linked.filter(pl.col("pid").cast(pl.String) == str(pid)).select("idx", "op")
+        copy_ops = set(linked.filter(pl.col("idx").is_in(list(pageable)))["op"].drop_nulls().to_list())
+        pageable |= set(linked.filter(pl.col("op").is_in(list(copy_ops)))["idx"].to_list())
 
     # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
     # calls (which wait for it). Each entry: (time, kind, tie-break, payload); kind 1 is a blocking call, 0 a

@@ -9,6 +9,7 @@ from typing import Any
 
 import polars as pl
 
+from attntrace.model.critical_path import DATA_LOADING
 from attntrace.model.replay import Change, Replay
 
 
@@ -57,8 +58,14 @@ def as_json(savings: list[WallSaving]) -> list[dict[str, Any]]:
              "saved_us": round(s.saved_us, 3)} for s in savings]
 
 
+def loader_waits(trace: Any) -> tuple[tuple[float, float], ...]:
+    """The recorded intervals the main thread spent getting the next batch from a data loader."""
+    loaders = trace.ops.filter(pl.col("name").str.contains(DATA_LOADING.pattern))
+    return tuple(sorted(zip(loaders["ts"].to_list(), loaders["end"].to_list(), strict=True)))
+
+
 def change_for(trace: Any, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
-               pin_copies: bool = False, graph: bool = False) -> Change:
+               pin_copies: bool = False, graph: bool = False, offload_loader: bool = False) -> Change:
     """The Change that `attntrace whatif` asks for (trace: model.Trace): `speedup` maps a kernel class or group of
     rules/taxonomy.toml (`gemm_fp32_simt`, `attention_flash`, `elementwise`, ...) to how many times faster it runs."""
     factors: dict[int, float] = {}
@@ -68,7 +75,8 @@ def change_for(trace: Any, speedup: dict[str, float] | None = None, drop_syncs: 
         chosen = trace.gpu.filter((pl.col("cls") == name) | (pl.col("group") == name))
         factors.update(dict.fromkeys(chosen["idx"].to_list(), float(factor)))
     return Change(drop_syncs=None if drop_syncs else frozenset(), pin_copies=None if pin_copies else frozenset(),
-                  speedup=tuple(sorted(factors.items())), graph=graph)
+                  speedup=tuple(sorted(factors.items())), graph=graph,
+                  cpu_removed=loader_waits(trace) if offload_loader else ())
 
 
 def kernel_classes(trace: Any) -> list[str]:
