@@ -381,8 +381,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     if trace.replay.reason:
         raise ValueError(f"{name}: cannot replay the steps ({trace.replay.reason})")
     change = change_for(trace, speedup, drop_syncs, pin_copies, graph, offload_loader)
-    steady = set(zip(trace.replay.steady["step"].to_list(), trace.replay.steady["device"].to_list(), strict=True))
-    before = summarize_paths([p for p in trace.critical_path.paths if (p["step"], p["device"]) in steady])
-    after = summarize_paths([p for p in trace.whatif_replay(change).paths if (p["step"], p["device"]) in steady])
+    before = summarize_paths(trace.judged_paths(trace.critical_path))
+    after = summarize_paths(trace.judged_paths(trace.whatif_replay(change)))
     return {"path": name, "change": describe(change), "devices": as_json(trace.whatif(change)),
             "critical_path_before": before, "critical_path_after": after, "profiler": summary["profiler"]}

@@ -138,8 +138,7 @@ def critical_path(trace: Trace) -> dict[str, Any] | None:
     replayed = trace.replay
     if replayed.reason or not replayed.table.height:
         return None
-    steady = set(zip(replayed.steady["step"].to_list(), replayed.steady["device"].to_list(), strict=True))
-    paths = [p for p in trace.critical_path.paths if (p["step"], p["device"]) in steady]
+    paths = trace.judged_paths(trace.critical_path)
     devices = []
     for device in summarize_paths(paths):
         devices.append({**device, "step_us": _r(device["step_us"]),

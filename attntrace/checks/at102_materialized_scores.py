@@ -255,7 +255,8 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
                       "causal_mask_in_trace": _causal_mask_shown(ctx, hits[0][2], sequence, position)},
             gpu_us_per_step=us_per_step,
             wall_us_per_step=ctx.wall_saving(ctx.faster(
-                [*launched["idx"].to_list(), *ctx.gpu_under(backward.get(pattern, set()))["idx"].to_list()], math.inf)),
+                [*launched["idx"].to_list(), *ctx.gpu_under(backward.get(pattern, set()))["idx"].to_list()], math.inf,
+                [o for _, _, chain in hits for o in chain[1:-1]])),
             whatif=FUSED_WHATIF,
             fix=_fix(_causal_mask_shown(ctx, hits[0][2], sequence, position), False)
             + " Capture with record_shapes=True for the tensor's size and `attntrace run --from-trace`.",
@@ -263,9 +264,9 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
-# The what-if of a fused kernel: the score tensor's elementwise and softmax kernels gone (the matmuls stay, as the
-# fused kernel's own work).
-FUSED_WHATIF = "the elementwise and softmax kernels between the matmuls gone"
+# The what-if of a fused kernel: the score tensor's elementwise and softmax kernels gone, and the CPU time of the ops
+# that launched them (the matmuls stay, as the fused kernel's own work and its one op's dispatch).
+FUSED_WHATIF = "the elementwise and softmax kernels between the matmuls gone, with their ops' CPU time"
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -315,7 +316,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       "head_dim": head_dim, "causal_mask_in_trace": causal},
             gpu_us_per_step=0.0 if too_wide else us_per_step,
             wall_us_per_step=None if too_wide else ctx.wall_saving(ctx.faster(
-                [*launched["idx"].to_list(), *ctx.gpu_under(backward[pattern])["idx"].to_list()], math.inf)),
+                [*launched["idx"].to_list(), *ctx.gpu_under(backward[pattern])["idx"].to_list()], math.inf,
+                [o for _, _, chain, _, _ in hits for o in chain[1:-1]])),
             whatif=None if too_wide else FUSED_WHATIF,
             fix=_fix(causal, too_wide),
         ))

@@ -46,6 +46,8 @@ class Placement:
     waits: list[tuple[float, float, int]] = field(default_factory=list)
     # Recorded CPU times and the replayed times they map to, in recorded order (launch calls, sync returns).
     anchors: list[tuple[float, float]] = field(default_factory=list)
+    # Every blocking call as replayed: (call start, return).
+    blocking: list[tuple[float, float]] = field(default_factory=list)
 
 
 class CpuTimeline:
@@ -104,23 +106,35 @@ def cpu_timeline(ops: pl.DataFrame, roots: pl.Series, calls: pl.DataFrame, block
     return CpuTimeline({**kinds, "cpu: launches": launch_spans, "cpu: host waits": wait_spans})
 
 
-def _share_cpu(timeline: CpuTimeline, a: float, b: float, length: float, into: dict[str, float]) -> None:
-    """Add `length` us of replayed CPU time to `into`, shared out as the CPU spent the recorded stretch [a, b]."""
+def _share_cpu(timeline: CpuTimeline, a: float, b: float, length: float, into: dict[str, float],
+               waits: float = 0.0) -> None:
+    """Add `length` us of replayed CPU time to `into`, `waits` of it in blocking calls (as replayed: a sync's
+    recorded wait may be gone) and the rest shared out as the CPU spent the recorded stretch [a, b] outside them."""
+    waits = min(waits, length)
+    if waits > 0:
+        into["cpu: host waits"] = into.get("cpu: host waits", 0.0) + waits
+    length -= waits
     if length <= 0:
         return
     span = b - a
     if span <= 0:
         into["cpu: python"] = into.get("cpu: python", 0.0) + length
         return
-    calls = {k: timeline.covered(k, a, b) for k in ("cpu: launches", "cpu: host waits")}
+    calls = {"cpu: launches": timeline.covered("cpu: launches", a, b)}
+    recorded_waits = min(span, timeline.covered("cpu: host waits", a, b))
+    span -= recorded_waits
     ops = {k: timeline.covered(k, a, b) for k in ("cpu: optimizer", "cpu: data loading", "cpu: framework ops")}
     in_ops = sum(ops.values())
-    # Runtime calls sit inside ops: an op's share is its time less the calls in it (spread over the op kinds).
-    inner = min(in_ops, sum(calls.values()))
+    # Runtime calls and blocking calls sit inside ops: an op's share is its time less the calls in it (spread over
+    # the op kinds).
+    inner = min(in_ops, calls["cpu: launches"] + recorded_waits)
     scale = (in_ops - inner) / in_ops if in_ops else 0.0
     parts = {**calls, **{k: v * scale for k, v in ops.items()}}
     parts["cpu: python"] = max(0.0, span - sum(parts.values()))
     total = sum(parts.values())
+    if total <= 0:
+        into["cpu: python"] = into.get("cpu: python", 0.0) + length
+        return
     for k, v in parts.items():
         if v > 0:
             into[k] = into.get(k, 0.0) + length * v / total
@@ -153,6 +167,10 @@ def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: floa
         return rec[i] + (t - rep[i])
 
     spent: dict[str, float] = {}
+    replayed_waits = CpuTimeline({"waits": placement.blocking})
+
+    def share(a: float, b: float) -> None:
+        _share_cpu(timeline, recorded_at(a), recorded_at(b), b - a, spent, replayed_waits.covered("waits", a, b))
 
     def add(name: str, us: float) -> None:
         if us > 0:
@@ -177,7 +195,7 @@ def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: floa
             launch = launched.get(j)
             if launch is not None and launch + placement.latency >= start[j] - EPS_US:
                 add(LAUNCH_LATENCY, t - max(launch, begin))
-                t = max(launch, begin)
+                t = min(t, max(launch, begin))  # the path never runs forward
                 continue
             stream = placement.stream[j]
             k = bisect.bisect_left(stream_starts[stream], start[j]) - 1
@@ -195,12 +213,17 @@ def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: floa
             continue
         # On the CPU at t: back to the last sync that waited for the GPU, or to the step's start.
         k = bisect.bisect_right(wait_returns, t + 1e-6) - 1
+        if k + 1 < len(waits) and waits[k + 1][1] < t - EPS_US and start.get(waits[k + 1][2], t) < t - EPS_US:
+            # t is inside a sync's wait (another thread launched while this one waited): the path is the GPU work
+            # that sync waited for.
+            on_gpu = waits[k + 1][2]
+            continue
         if k < 0 or wait_returns[k] <= begin:
-            _share_cpu(timeline, recorded_at(begin), recorded_at(t), t - begin, spent)
+            share(begin, t)
             t = begin
             break
         returns, _, waited = waits[k]
-        _share_cpu(timeline, recorded_at(returns), recorded_at(t), t - returns, spent)
+        share(returns, t)
         t = returns
         on_gpu = waited
     return spent

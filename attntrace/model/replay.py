@@ -276,10 +276,12 @@ class _CpuClock:
         return t - self.overhead_before(t) - self.saved
 
 
-def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False) -> Replay:
+def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False,
+           only_steps: tuple[int, ...] | None = None) -> Replay:
     """Replay the steady steps of every device without the profiler's cost (trace: model.Trace), with the
     per-event costs scaled to the host the trace was recorded on (ProfilerCosts.scaled_for), and `change` applied
-    (a what-if: the step as it would run with that fix); with_path: each step's critical path too (Replay.paths)."""
+    (a what-if: the step as it would run with that fix); with_path: each step's critical path too (Replay.paths);
+    only_steps: those steps alone (a what-if's sample of the steady steps)."""
     # CUDA kernel launch calls only: the reference was measured on them (a HIP launch costs what ROCm's runtime
     # does; a graph launch records every kernel of its graph and takes far longer, which is no slower host: a
     # graph-replaying trace read as one scaled its costs 3x and charged more profiler time than its step lasted).
@@ -291,7 +293,7 @@ def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_pa
                .agg(pl.col("dur").median()).iter_rows()}
     scaled = {device: costs.scaled_for(medians.get(pid)) for device, pid in sorted(trace.device_process.items())}
     by_device = {device: c for device, (c, _) in scaled.items()}
-    result = _replay(trace, by_device, change, with_path)
+    result = _replay(trace, by_device, change, with_path, only_steps)
     # The first device's, as summary gives one (a single process: its only one); with no device, the trace's.
     pooled = kernel_launches["dur"].median() if kernel_launches.height else None
     first = next(iter(scaled.values()), None) or costs.scaled_for(float(pooled) if pooled is not None else None)
@@ -299,9 +301,12 @@ def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_pa
     return result
 
 
-def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts], change: Change, with_path: bool) -> Replay:
+def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts], change: Change, with_path: bool,
+            only_steps: tuple[int, ...] | None = None) -> Replay:
     settings = settings_of(trace.meta.flags, trace.has_shapes, trace.python.height)
     steps = trace.steps.filter(~pl.col("capture"))
+    if only_steps is not None:
+        steps = steps.filter(pl.col("step").is_in(list(only_steps)))
     empty = pl.DataFrame(schema={"step": pl.Int64, "device": pl.Int64, "recorded_us": pl.Float64,
                                  "est_step_us": pl.Float64, "window_ts": pl.Float64, "window_end": pl.Float64,
                                  "cpu_us": pl.Float64, "gpu_busy_us": pl.Float64, "est_idle_us": pl.Float64,
@@ -342,7 +347,11 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     python = trace.python.filter(inside)
     op_cost = costs.op_cost(settings)
 
-    gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin))
+    # GPU work that ends inside the window or after it: of the window's steps, queued before it (no step, or an
+    # earlier one still running), never a later step's.
+    last_step = int(steps["step"].max())
+    gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin)
+                                   & (pl.col("step").is_null() | (pl.col("step") <= last_step)))
            .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind", "name", "bytes", "group"))
     launch_rows = dict(zip(launches["idx"].to_list(),
                            zip(launches["ts"].to_list(), launches["end"].to_list(), launches["name"].to_list(),
@@ -454,6 +463,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             sync_returns[sync] = returns
             if placement is not None:
                 placement.anchors.append((end, returns))
+                placement.blocking.append((start_new, returns))
                 if done > start_new + min(SYNC_FLOOR_US, end - ts):
                     placement.waits.append((returns, start_new, ended_by[done]))
             continue

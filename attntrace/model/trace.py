@@ -16,7 +16,7 @@ from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
 from attntrace.model.replay import Change, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
-from attntrace.model.whatif import WallSaving, wall_savings
+from attntrace.model.whatif import WallSaving, sample_steps, wall_savings
 from attntrace.read.decoding import decode_raw
 
 if TYPE_CHECKING:
@@ -227,22 +227,37 @@ class Trace:
         return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
 
     @cached_property
+    def whatif_steps(self) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """The steps a what-if replays: up to WHATIF_STEPS steady steps from the middle of the run, with the step
+        before them as a lead-in (its queue and clock carry into the first). A replay is a Python loop over every
+        GPU event: a sample keeps lint's cost of a finding's what-if small on long traces."""
+        return sample_steps(self.replay)
+
+    @cached_property
     def critical_path(self) -> Replay:
-        """The replay again, with each step's critical path (Replay.paths): asked for by summary and AT402 only,
-        as the walk costs a second replay."""
-        return replay(self, self._profiler_costs, with_path=True)
+        """The sampled steps replayed with each step's critical path (Replay.paths): asked for by summary and
+        AT402 only."""
+        return replay(self, self._profiler_costs, with_path=True, only_steps=self.whatif_steps[0])
 
     def whatif(self, change: Change) -> list[WallSaving]:
-        """Each device's step without the profiler before and after `change` (model/whatif.py), one replay per
-        change asked for."""
+        """Each device's step without the profiler before and after `change` (model/whatif.py), over the sampled
+        steps (their lead-in left out), one replay per change asked for."""
         cache = self.__dict__.setdefault("_whatif", {})
         if change not in cache:
-            cache[change] = wall_savings(self.replay, replay(self, self._profiler_costs, change))
+            cache[change] = wall_savings(self.critical_path, replay(
+                self, self._profiler_costs, change, only_steps=self.whatif_steps[0]), self.whatif_steps[1])
         return cache[change]
 
+    def judged_paths(self, replayed: Replay) -> list[dict[str, Any]]:
+        """A sampled replay's critical paths of the steps a what-if judges: steady, the lead-in left out."""
+        judged = self.whatif_steps[1]
+        steady = set(zip(self.replay.steady["step"].to_list(), self.replay.steady["device"].to_list(), strict=True))
+        return [p for p in replayed.paths
+                if (p["step"], p["device"]) in steady and (judged is None or p["step"] in judged)]
+
     def whatif_replay(self, change: Change) -> Replay:
-        """The replay with `change` applied, with each step's critical path (`attntrace whatif`'s after)."""
-        return replay(self, self._profiler_costs, change, with_path=True)
+        """The sampled steps replayed with `change` applied, with each step's critical path (`whatif`'s after)."""
+        return replay(self, self._profiler_costs, change, with_path=True, only_steps=self.whatif_steps[0])
 
     @property
     def _profiler_costs(self) -> ProfilerCosts:

@@ -25,13 +25,37 @@ class WallSaving:
         return max(0.0, self.before_us - self.after_us)
 
 
-def wall_savings(base: Replay, changed: Replay) -> list[WallSaving]:
-    """Each device's step before and after, over the base's steady steps. Means, not medians: a fix can move work
-    across a step boundary (the GPU's tail of one step ending in the next), which moves one step's median and
-    leaves the sum whole."""
+# Steady steps a what-if replays (and one before them as a lead-in).
+WHATIF_STEPS = 4
+
+
+def sample_steps(base: Replay) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(the steps to replay, the steps to judge): up to WHATIF_STEPS steady steps from the middle of the run with
+    the step before the first as a lead-in; every step, all judged (None), where there are too few to sample."""
+    numbers = sorted(set(base.table["step"].to_list()))
+    steady = sorted(set(base.steady["step"].to_list()))
+    if len(numbers) <= WHATIF_STEPS + 1 or not steady:
+        return tuple(numbers), None
+    middle = len(steady) // 2
+    chosen = steady[max(0, middle - WHATIF_STEPS // 2):][:WHATIF_STEPS]
+    before = [n for n in numbers if n < chosen[0]]
+    return tuple(([before[-1]] if before else []) + chosen), tuple(chosen)
+
+
+def wall_savings(base: Replay, changed: Replay, judged: tuple[int, ...] | None = None) -> list[WallSaving]:
+    """Each device's step before and after, over the base's steady steps (those in `judged` where given). Means,
+    not medians: a fix can move work across a step boundary (the GPU's tail of one step ending in the next), which
+    moves one step's median and leaves the sum whole."""
     steady = base.steady.select("step", "device", pl.col("est_step_us").alias("before"))
+    if judged:
+        steady = steady.filter(pl.col("step").is_in(list(judged))) if steady["step"].is_in(list(judged)).any() \
+            else steady
     after = changed.table.select("step", "device", pl.col("est_step_us").alias("after"))
-    joined = steady.join(after, on=["step", "device"], how="inner")
+    # A fix takes work away and never lengthens a step: where the replay's placement with the change comes out
+    # longer (a dependency it reads from the recorded order), the step before bounds it, as the recorded step bounds
+    # the replay without the profiler.
+    joined = (steady.join(after, on=["step", "device"], how="inner")
+              .with_columns(pl.min_horizontal("before", "after").alias("after")))
     means = joined.group_by("device").agg(pl.col("before").mean(), pl.col("after").mean()).sort("device")
     return [WallSaving(int(d), float(b), float(a)) for d, b, a in means.iter_rows()]
 
