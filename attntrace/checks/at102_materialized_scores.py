@@ -256,7 +256,7 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=us_per_step,
             wall_us_per_step=ctx.wall_saving(ctx.faster(
                 [*launched["idx"].to_list(), *ctx.gpu_under(backward.get(pattern, set()))["idx"].to_list()], math.inf,
-                [o for _, _, chain in hits for o in chain[1:-1]])),
+                [*(o for _, _, chain in hits for o in chain), *backward.get(pattern, set())])),
             whatif=FUSED_WHATIF,
             fix=_fix(_causal_mask_shown(ctx, hits[0][2], sequence, position), False)
             + " Capture with record_shapes=True for the tensor's size and `attntrace run --from-trace`.",
@@ -264,9 +264,11 @@ def _check_without_shapes(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
-# The what-if of a fused kernel: the score tensor's elementwise and softmax kernels gone, and the CPU time of the ops
-# that launched them (the matmuls stay, as the fused kernel's own work and its one op's dispatch).
-FUSED_WHATIF = "the elementwise and softmax kernels between the matmuls gone, with their ops' CPU time"
+# The what-if of a fused kernel: the chain's elementwise and softmax kernels gone (its matmul kernels stay, standing
+# for the fused kernel's own work), and the CPU time of the chain's ops and their backward nodes gone (one op's
+# dispatch stands for them).
+FUSED_WHATIF = ("the elementwise and softmax kernels between the matmuls gone, and the CPU time of the chain's ops "
+                "and their backward")
 
 
 def check(ctx: Context) -> list[dict[str, Any]]:
@@ -317,7 +319,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=0.0 if too_wide else us_per_step,
             wall_us_per_step=None if too_wide else ctx.wall_saving(ctx.faster(
                 [*launched["idx"].to_list(), *ctx.gpu_under(backward[pattern])["idx"].to_list()], math.inf,
-                [o for _, _, chain, _, _ in hits for o in chain[1:-1]])),
+                [*(o for _, _, chain, _, _ in hits for o in chain), *backward[pattern]])),
             whatif=None if too_wide else FUSED_WHATIF,
             fix=_fix(causal, too_wide),
         ))

@@ -161,13 +161,11 @@ class Context:
         CPU time of `ops_gone` (op idx: ops the fix no longer runs) off the path."""
         spans: list[tuple[float, float]] = []
         ops = self.trace.ops
-        for op in sorted(set(ops_gone)):
-            ts, end = float(ops["ts"][op]), float(ops["end"][op])
+        for ts, end in sorted((float(ops["ts"][op]), float(ops["end"][op])) for op in set(ops_gone)):
             if spans and ts <= spans[-1][1]:  # nested or overlapping ops count once
                 spans[-1] = (spans[-1][0], max(spans[-1][1], end))
             else:
                 spans.append((ts, end))
-        spans.sort()
         return Change(speedup=tuple(sorted((int(i), factor) for i in set(kernels))), cpu_removed=tuple(spans))
 
     def op_types(self, op: int | None) -> list[str]:
