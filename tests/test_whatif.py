@@ -82,7 +82,7 @@ def test_syncs_timed_to_save_nothing_are_info_with_their_wall_saving():
         assert saved < 0.05 * with_sync
     for name in ("mlp_item_sync", "gpt2_train_item"):
         for setting in ("plain", "shapes", "shapes_stack"):
-            report = lint_trace(load(sample(f"calibration/{name}.{setting}.pt.trace.json.gz")))
+            report = lint_trace(load(sample(f"calibration/{name}.{setting}")))
             syncs = [f for f in report.findings if f["rule"] == "AT302"]
             assert syncs, (name, setting)
             for f in syncs:
