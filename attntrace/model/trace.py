@@ -239,12 +239,18 @@ class Trace:
         AT402 only."""
         return replay(self, self._profiler_costs, with_path=True, only_steps=self.whatif_steps[0])
 
+    @cached_property
+    def whatif_base(self) -> Replay:
+        """The sampled steps replayed with no change: what each what-if is held against (no path walk: a rule's
+        what-if needs none)."""
+        return replay(self, self._profiler_costs, only_steps=self.whatif_steps[0])
+
     def whatif(self, change: Change) -> list[WallSaving]:
         """Each device's step without the profiler before and after `change` (model/whatif.py), over the sampled
         steps (their lead-in left out), one replay per change asked for."""
         cache = self.__dict__.setdefault("_whatif", {})
         if change not in cache:
-            cache[change] = wall_savings(self.critical_path, replay(
+            cache[change] = wall_savings(self.whatif_base, replay(
                 self, self._profiler_costs, change, only_steps=self.whatif_steps[0]), self.whatif_steps[1])
         return cache[change]
 

@@ -26,7 +26,7 @@ class WallSaving:
 
 
 # Steady steps a what-if replays (and one before them as a lead-in).
-WHATIF_STEPS = 4
+WHATIF_STEPS = 3
 
 
 def sample_steps(base: Replay) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
