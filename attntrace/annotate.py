@@ -99,6 +99,33 @@ def events(trace: Trace, findings: list[dict[str, Any]]) -> list[dict[str, Any]]
                 # float rounding of its start cannot put the point just outside it.
                 middle = (target.ts + target.end) / 2
                 out.append({"ph": "f", "bp": "e", **common, "pid": target.pid, "tid": target.tid, "ts": middle})
+    return out + path_events(trace, pid)
+
+
+# The critical path's track in the attntrace process, below the rules' tracks.
+PATH_TID = 1_000_000
+
+
+def path_events(trace: Trace, pid: int) -> list[dict[str, Any]]:
+    """The critical path of the steps a what-if judges, one track per device: each stretch of the path as a slice
+    named by what it spends the time on (GPU work at its recorded times, CPU stretches mapped back from the
+    replay), consecutive stretches of one kind merged."""
+    if trace.replay.reason or not trace.replay.table.height:
+        return []
+    out: list[dict[str, Any]] = []
+    for path in trace.judged_paths(trace.critical_path):
+        tid = PATH_TID + int(path["device"])
+        if not any(e["tid"] == tid for e in out):
+            label = f"critical path (device {path['device']}, without the profiler)"
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+        merged: list[list[Any]] = []
+        for start, end, what in sorted(path["segments"]):
+            if merged and merged[-1][2] == what and start <= merged[-1][1] + 1.0:
+                merged[-1][1] = max(merged[-1][1], end)
+            elif not merged or start >= merged[-1][1]:  # slices on one track must not overlap
+                merged.append([start, end, what])
+        out.extend({"ph": "X", "cat": CATEGORY, "name": what, "pid": pid, "tid": tid, "ts": start,
+                    "dur": max(end - start, 0.0), "args": {"step": path["step"]}} for start, end, what in merged)
     return out
 
 

@@ -89,3 +89,18 @@ def test_syncs_timed_to_save_nothing_are_info_with_their_wall_saving():
                 assert f["severity"] == "info", (name, setting, f["message"])
                 assert f["impact"]["wall_us_per_step"] < 0.02 * f["impact"]["step_us"]
                 assert "wall time" in f["message"]
+
+
+def test_annotate_marks_the_critical_path(tmp_path):
+    out = tmp_path / "annotated.json"
+    result = CliRunner().invoke(main, ["lint", ITEM_SYNC, "--annotate", str(out), "--fail-on", "never"])
+    assert result.exit_code == 0, result.output
+    events = orjson.loads(out.read_bytes())["traceEvents"]
+    names = [e for e in events if e.get("ph") == "M" and "critical path" in str(e.get("args", {}).get("name"))]
+    assert names
+    track = names[0]["tid"]
+    path = [e for e in events if e.get("ph") == "X" and e.get("tid") == track and e.get("pid") == names[0]["pid"]]
+    # A CPU-bound step: its path is mostly the CPU's own work, drawn on the trace's timeline in order.
+    assert any(e["name"].startswith("cpu: ") for e in path)
+    starts = [e["ts"] for e in path if e["args"]["step"] == path[0]["args"]["step"]]
+    assert starts == sorted(starts)

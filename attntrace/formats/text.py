@@ -28,7 +28,10 @@ def impact_text(impact: dict[str, Any], stepped: bool = True) -> str:
     """"~1.8 ms gpu time per step (36% of step)": what the fix saves first, in the step's own terms."""
     per, of = ("per step", "of step") if stepped else ("in the trace", "of the trace")
     saving = impact.get("saving") or "gpu time"
-    return f"~{fmt_ms(impact['gpu_us_per_step'])} {saving} {per} ({100 * impact['share_of_step']:.1f}% {of})"
+    text = f"~{fmt_ms(impact['gpu_us_per_step'])} {saving} {per} ({100 * impact['share_of_step']:.1f}% {of})"
+    if impact.get("wall_us_per_step") is not None:  # what the step itself loses: what leaves its critical path
+        text += f", wall ~{fmt_ms(impact['wall_us_per_step'])} ({100 * impact.get('wall_share_of_step', 0.0):.1f}%)"
+    return text
 
 
 def _finding(f: dict[str, Any], style: Any, stepped: bool = True) -> list[str]:

@@ -48,6 +48,8 @@ class Placement:
     anchors: list[tuple[float, float]] = field(default_factory=list)
     # Every blocking call as replayed: (call start, return).
     blocking: list[tuple[float, float]] = field(default_factory=list)
+    # GPU work idx -> its recorded (start, end): where the path is drawn on the trace's own timeline.
+    recorded: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 class CpuTimeline:
@@ -141,8 +143,10 @@ def _share_cpu(timeline: CpuTimeline, a: float, b: float, length: float, into: d
 
 
 def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: float, cpu_end: float,
-         own: set[int]) -> dict[str, float]:
-    """The step [begin, finish] (replayed) by what its critical path spends it on (own: the step's GPU work)."""
+         own: set[int], segments: list[tuple[float, float, str]] | None = None) -> dict[str, float]:
+    """The step [begin, finish] (replayed) by what its critical path spends it on (own: the step's GPU work);
+    `segments`, when given, receives the path on the recorded timeline, (start, end, what), latest first: GPU work
+    at its recorded times, CPU stretches mapped back through the replay's anchors."""
     start, end, launched = placement.start, placement.end, placement.launched
     by_stream: dict[int, list[tuple[float, int]]] = {}
     for idx, s in start.items():
@@ -170,7 +174,11 @@ def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: floa
     replayed_waits = CpuTimeline({"waits": placement.blocking})
 
     def share(a: float, b: float) -> None:
+        before = dict(spent)
         _share_cpu(timeline, recorded_at(a), recorded_at(b), b - a, spent, replayed_waits.covered("waits", a, b))
+        if segments is not None and b > a:
+            grown = {k: v - before.get(k, 0.0) for k, v in spent.items()}
+            segments.append((recorded_at(a), recorded_at(b), max(sorted(grown), key=lambda k: grown[k])))
 
     def add(name: str, us: float) -> None:
         if us > 0:
@@ -188,6 +196,8 @@ def walk(placement: Placement, timeline: CpuTimeline, begin: float, finish: floa
             j = on_gpu
             s = max(start[j], begin)
             add(placement.group.get(j, "gpu: other") if j in own else QUEUED, t - s)
+            if segments is not None and j in placement.recorded and t > s:
+                segments.append((*placement.recorded[j], placement.group.get(j, "gpu: other")))
             t = min(t, start[j])
             on_gpu = None
             if t <= begin:

@@ -501,6 +501,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             if placement is not None:
                 ended_by[stop] = idx
                 placement.stream[idx] = stream
+                placement.recorded[idx] = (ts, end)
                 if kind == 0:
                     placement.launched[idx] = launched_at
             stream_end[stream] = (end, stop)
@@ -612,8 +613,10 @@ def _paths(trace: Any, device: int, pid: int, placement: Placement, bounds: list
             own.setdefault(step, set()).add(idx)
     paths = []
     for step, start, end, cpu_end in bounds:
-        spent = walk(placement, timeline, start, end, cpu_end, own.get(step, set()))
-        paths.append({"step": step, "device": device, "step_us": end - start, "spent": spent})
+        segments: list[tuple[float, float, str]] = []
+        spent = walk(placement, timeline, start, end, cpu_end, own.get(step, set()), segments)
+        paths.append({"step": step, "device": device, "step_us": end - start, "spent": spent,
+                      "segments": segments[::-1]})
     return paths
 
 
