@@ -260,6 +260,18 @@ class _CpuClock:
         self.starts: list[float] = ordered["start"].to_list()
         self.cumulative: list[float] = ordered["cost"].cum_sum().to_list()
         self.saved = 0.0  # waiting removed at syncs so far (negative when a sync now waits longer)
+        # (recorded return, saved after it) at each blocking call, in order: the waiting removed before a moment.
+        self.saved_times: list[float] = []
+        self.saved_after: list[float] = []
+
+    def returned(self, end: float) -> None:
+        """A blocking call returned at recorded `end` with `saved` now removed before what follows it."""
+        self.saved_times.append(end)
+        self.saved_after.append(self.saved)
+
+    def saved_before(self, t: float) -> float:
+        i = bisect.bisect_right(self.saved_times, t)
+        return self.saved_after[i - 1] if i else 0.0
 
     def overhead_before(self, t: float) -> float:
         i = bisect.bisect_right(self.starts, t)
@@ -273,7 +285,9 @@ class _CpuClock:
         return [cumulative[i] for i in found.to_list()]
 
     def at(self, t: float) -> float:
-        return t - self.overhead_before(t) - self.saved
+        """The replayed time of a recorded moment once the loop has run: the waiting removed by the syncs that
+        returned before it, not by all of them (a step's CPU time holds its own syncs' waits as replayed)."""
+        return t - self.overhead_before(t) - self.saved_before(t)
 
 
 def replay(trace: Any, costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False,
@@ -450,6 +464,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
                 start_new = ts - overhead[ts] - clock.saved
                 returns = start_new + (min(ASYNC_COPY_CALL_US, end - ts) if sync in pageable else 0.0)
                 clock.saved += (end - overhead[end] - clock.saved) - returns
+                clock.returned(end)
                 sync_returns[sync] = returns
                 continue
             if end + TOUCH_US >= latest_recorded:
@@ -460,6 +475,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
             start_new = ts - overhead[ts] - clock.saved
             returns = max(start_new + min(SYNC_FLOOR_US, end - ts), done)
             clock.saved += (end - overhead[end] - clock.saved) - returns
+            clock.returned(end)
             sync_returns[sync] = returns
             if placement is not None:
                 placement.anchors.append((end, returns))
