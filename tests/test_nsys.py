@@ -190,3 +190,65 @@ def test_a_locked_export_gets_one_line(tmp_path: Path) -> None:
         _one_line_error(bad, "locked by another program")
     finally:
         writer.close()
+
+
+def test_occupancy_says_it_was_skipped_without_device_properties() -> None:
+    report = lint_json(str(TWO_H100), "--select", "AT401")
+    (skipped,) = report["skipped"]
+    assert skipped["rule"] == "AT401" and "TARGET_INFO_GPU" in skipped["reason"]
+
+
+def test_annotate_writes_a_chrome_trace_of_the_export(tmp_path: Path) -> None:
+    export = Export(kernels=_kernels(FP32_GEMM, registers=255)).write(tmp_path / "fire.sqlite")
+    out = tmp_path / "annotated.json"
+    first = invoke("lint", str(export), "--annotate", str(out), "--fail-on", "never")
+    assert first.exit_code == 0, first.output
+    document = json.loads(out.read_bytes())
+    assert document["deviceProperties"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    cats = {e.get("cat") for e in document["traceEvents"]}
+    assert {"kernel", "cuda_runtime", "attntrace"} <= cats
+    # The copy is a trace like any other: the same rules fire on it, and it is written the same every time.
+    again = lint_json(str(out))
+    assert sorted(f["rule"] for f in again["findings"]) == ["AT201", "AT401"]
+    copy = out.read_bytes()
+    invoke("lint", str(export), "--annotate", str(out), "--fail-on", "never")
+    assert out.read_bytes() == copy
+
+
+def _kineto_of(export: Export, path: Path) -> Path:
+    """The same kernels and ranges as a Kineto trace: ops as cpu_op/user_annotation, launches and kernels."""
+    events: list[dict] = []
+    for text, start, end in export.ranges:
+        name = text.split(", ")[0]
+        cat = "cpu_op" if name.startswith("aten::") else "user_annotation"
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 4242, "tid": 4243, "ts": 1e6 + start,
+                       "dur": end - start})
+    for i, k in enumerate(export.kernels, start=1):
+        launch = k.launch_at_us if k.launch_at_us is not None else k.start_us - 5.0
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242, "tid": 4243,
+                       "ts": 1e6 + launch, "dur": 3.0, "args": {"correlation": i}})
+        events.append({"ph": "X", "cat": "kernel", "name": k.name, "pid": 0, "tid": 7, "ts": 1e6 + k.start_us,
+                       "dur": k.dur_us, "args": {"correlation": i, "device": 0, "stream": 7,
+                                                 "registers per thread": k.registers, "shared memory": k.shared,
+                                                 "grid": [k.grid, 1, 1], "block": [k.block, 1, 1]}})
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_diff_compares_a_kineto_trace_with_an_export_of_the_same_program_per_step(tmp_path: Path) -> None:
+    export = _stepped(tmp_path, "ProfilerStep#{n}")
+    kernels, ranges = [], []
+    for step in range(3):
+        t = 1000.0 * step
+        kernels.append(Kernel(FP32_GEMM, t + 40.0, 600.0, registers=64, block=128, grid=264, launch_at_us=t + 30.0))
+        ranges += [(f"ProfilerStep#{step + 1}", t, t + 900.0), ("aten::mm", t + 20.0, t + 40.0)]
+    kineto = _kineto_of(Export(kernels=kernels, ranges=ranges), tmp_path / "same.json")
+    result = invoke("diff", str(kineto), str(export), "--format", "json")
+    assert result.exit_code == 0, result.output
+    (compared,) = json.loads(result.stdout)["comparisons"]
+    assert compared["steps"] == {"base": 3, "new": 3}
+    assert compared["step"]["base_median"] == compared["step"]["new_median"] == 900.0
+    assert compared["kernel_classes"]["base"] == compared["kernel_classes"]["new"] == {"gemm_fp32_simt": 1.0}
+    # The FP32 GEMM finding is one finding in both formats: neither new nor fixed.
+    assert compared["findings"]["new"] == compared["findings"]["fixed"] == []
+    assert not compared["regression"]

@@ -147,10 +147,10 @@ def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
     tables = _columns(connection)
     version = schema_version(connection, tables)
     strings = _frame(connection, "SELECT id, value FROM StringIds", {"id": pl.Int64, "value": pl.String})
-    gpu = pl.concat([_kernels(connection, tables, strings), _memcpys(connection, tables),
-                     _memsets(connection, tables)], how="vertical_relaxed")
-    ops, op_inputs = _ops(connection, tables)
     devices = _devices(connection, tables)
+    gpu = pl.concat([_with_blocks_per_sm(_kernels(connection, tables, strings), devices),
+                     _memcpys(connection, tables), _memsets(connection, tables)], how="vertical_relaxed")
+    ops, op_inputs = _ops(connection, tables)
     notes = [f"read from an Nsight Systems export (schema {version})"]
     if not ops.height:
         notes.append("no NVTX op ranges: ops are unknown (capture with torch.autograd.profiler.emit_nvtx())")
@@ -218,6 +218,16 @@ def _kernels(connection: sqlite3.Connection, tables: dict[str, set[str]], string
         "registers", "shared_memory", pl.lit(None, pl.Float64).alias("blocks_per_sm"),
         pl.lit(None, pl.Float64).alias("occupancy"), "device", "stream", pl.lit(None, pl.Int64).alias("bytes"),
         "grid_blocks", "block_threads").cast(GPU_SCHEMA)  # type: ignore[arg-type]
+
+
+def _with_blocks_per_sm(kernels: pl.DataFrame, devices: list[dict[str, Any]]) -> pl.DataFrame:
+    """Kineto's `blocks per SM` (the grid over the device's SMs: under 1, most SMs idle), where the export gives
+    the device's SM count."""
+    sms = {d["id"]: d["numSms"] for d in devices if isinstance(d.get("numSms"), int) and d["numSms"] > 0}
+    if not sms or not kernels.height:
+        return kernels
+    per_device = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64)
+    return kernels.with_columns((pl.col("grid_blocks") / per_device).alias("blocks_per_sm"))
 
 
 def _copies(connection: sqlite3.Connection, table: str, columns: set[str], kind: str, name: pl.Expr,
