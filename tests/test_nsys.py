@@ -64,6 +64,9 @@ def test_two_h100_export_has_its_ops_kernels_and_links() -> None:
     # emit_nvtx's "aten::mm, op_id = 314307" is the op aten::mm, on the thread that launched the kernels.
     assert trace.ops.filter(trace.ops["name"] == "aten::mm").height == 280
     assert trace.gpu_linked["op"].is_not_null().sum() > 2000
+    # CUPTI's overhead rows here are CUDA's, not the profiler's: launches that waited for a full command buffer.
+    assert "CUDA: 198 command buffer full (launches waited for the GPU's queue) range(s), 911.970 ms of CPU" in (
+        trace.meta.notes)
     names = trace.gpu["name"].to_list()
     assert "Memcpy HtoD (Pinned -> Device)" in names and "Memcpy DtoD (Device -> Device)" in names
 
@@ -252,3 +255,12 @@ def test_diff_compares_a_kineto_trace_with_an_export_of_the_same_program_per_ste
     # The FP32 GEMM finding is one finding in both formats: neither new nor fixed.
     assert compared["findings"]["new"] == compared["findings"]["fixed"] == []
     assert not compared["regression"]
+
+
+def test_a_directory_gives_its_exports_and_passes_over_other_sqlite_files(tmp_path: Path) -> None:
+    (tmp_path / "run.sqlite").write_bytes((NSYS / "healthy_1pct.sqlite").read_bytes())
+    with sqlite3.connect(tmp_path / "cache.sqlite") as other:
+        other.execute("CREATE TABLE entries (key TEXT, value BLOB)")
+    result = invoke("lint", str(tmp_path), "--format", "json", "--fail-on", "never")
+    assert result.exit_code == 0, result.output
+    assert [t["path"] for t in json.loads(result.stdout)["traces"]] == [str(tmp_path / "run.sqlite")]

@@ -13,7 +13,8 @@ What is read, and how it maps (TRACE_FORMAT.md names the Kineto side):
   "aten::mm, seq = 3, op_id = 17, sizes = [[4, 5], [5, 6]]": the name is the op, the sizes its Input Dims;
   other ranges (a user's `nvtx.range("step")`, ProfilerStep#N) are annotations, as record_function's are;
 - TARGET_INFO_GPU -> device properties under Kineto's names; StringIds resolve every name id;
-- PROFILER_OVERHEAD and CUPTI_ACTIVITY_KIND_OVERHEAD -> a note of nsys's own time.
+- PROFILER_OVERHEAD and CUPTI_ACTIVITY_KIND_OVERHEAD -> notes of nsys's and CUPTI's own time, and of CUDA's
+  (a full command buffer: launches that waited for the GPU).
 Times are nanoseconds there and microseconds here. The file is opened read-only (`mode=ro`) and never written.
 """
 
@@ -344,11 +345,30 @@ def _devices(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> lis
     return list(devices.values())
 
 
+# ENUM_CUPTI_OVERHEAD_TYPE: the profiler's own (CUPTI's buffers, instrumentation, resources), and CUDA's (JIT,
+# module and function loading, a full command buffer: launches that waited for the GPU to drain its queue).
+PROFILER_OVERHEAD_TYPES = {3: "buffer flush", 4: "instrumentation", 5: "resource creation"}
+CUDA_OVERHEAD_TYPES = {2: "JIT compilation", 6: "module loading", 7: "lazy function loading",
+                       8: "command buffer full (launches waited for the GPU's queue)"}
+
+
 def _overhead_notes(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> Iterator[str]:
-    """nsys's own time, as it recorded it: said, so that a reader knows what the capture cost."""
-    for table, what in (("PROFILER_OVERHEAD", "profiler overhead"), ("CUPTI_ACTIVITY_KIND_OVERHEAD",
-                                                                      "CUPTI overhead")):
-        if table in tables and {"start", "end"} <= tables[table]:
-            count, total = connection.execute(f'SELECT COUNT(*), SUM("end" - start) FROM {table}').fetchone()
-            if count:
-                yield f"nsys recorded {count} {what} range(s), {(total or 0) / 1e6:.3f} ms in all"
+    """nsys's own time, and CUDA's that CUPTI reports beside it, as the export recorded them: said, so that a reader
+    knows what the capture cost and why launches may have waited. The replay without the profiler (model/replay.py)
+    models torch.profiler's per-event cost, not nsys's: its figures for an export are rougher."""
+    if "PROFILER_OVERHEAD" in tables and {"start", "end"} <= tables["PROFILER_OVERHEAD"]:
+        count, total = connection.execute('SELECT COUNT(*), SUM("end" - start) FROM PROFILER_OVERHEAD').fetchone()
+        if count:
+            yield f"nsys's own work: {count} range(s), {(total or 0) / 1e6:.3f} ms of CPU (PROFILER_OVERHEAD)"
+    if "CUPTI_ACTIVITY_KIND_OVERHEAD" in tables and {"start", "end", "overheadType"} <= tables[
+            "CUPTI_ACTIVITY_KIND_OVERHEAD"]:
+        rows = connection.execute('SELECT overheadType, COUNT(*), SUM("end" - start) FROM CUPTI_ACTIVITY_KIND_OVERHEAD '
+                                  "GROUP BY overheadType ORDER BY overheadType").fetchall()
+        for kind, count, total in rows:
+            if kind in PROFILER_OVERHEAD_TYPES:
+                yield (f"CUPTI's own work: {count} {PROFILER_OVERHEAD_TYPES[kind]} range(s), "
+                       f"{(total or 0) / 1e6:.3f} ms of CPU")
+            elif kind in CUDA_OVERHEAD_TYPES:
+                yield f"CUDA: {count} {CUDA_OVERHEAD_TYPES[kind]} range(s), {(total or 0) / 1e6:.3f} ms of CPU"
+    yield ("the estimate without the profiler uses torch.profiler's per-event costs; nsys's own per-event cost is "
+           "not modelled, so for this export it is rough")
