@@ -264,3 +264,10 @@ def test_a_directory_gives_its_exports_and_passes_over_other_sqlite_files(tmp_pa
     result = invoke("lint", str(tmp_path), "--format", "json", "--fail-on", "never")
     assert result.exit_code == 0, result.output
     assert [t["path"] for t in json.loads(result.stdout)["traces"]] == [str(tmp_path / "run.sqlite")]
+
+
+def test_the_python_api_reads_an_export() -> None:
+    import attntrace
+
+    report = attntrace.lint([str(NSYS / "h100_2gpu_1s.sqlite")])
+    assert {f.rule for f in report.findings} == {"AT102", "AT302"}

@@ -308,7 +308,7 @@ def _ops(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> tuple[p
     text = "n.text" if "text" in columns else "NULL"
     if "textId" in columns:
         text = f"COALESCE({text}, (SELECT value FROM StringIds s WHERE s.id = n.textId))"
-    kinds = ", ".join(map(str, NVTX_RANGE_TYPES))
+    kinds = ", ".join(map(str, _range_types(connection, tables)))
     thread = 'n."globalTid"' if "globalTid" in columns else "NULL"
     query = (f'SELECT n.start, n."end", {thread}, {text} '
              f'FROM NVTX_EVENTS n WHERE n.eventType IN ({kinds}) AND n."end" IS NOT NULL')
@@ -324,6 +324,16 @@ def _ops(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> tuple[p
     inputs = ops.select(pl.col("sizes").fill_null("").cast(pl.Binary).alias("input_dims"),
                         empty.alias("input_types"), empty.alias("concrete_inputs"))
     return frame, inputs
+
+
+def _range_types(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> tuple[int, ...]:
+    """The event types of NVTX ranges, as the export's own enum numbers them (NVTX_RANGE_TYPES where it has none)."""
+    if {"id", "name"} <= tables.get("ENUM_NSYS_EVENT_TYPE", set()):
+        found = connection.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name IN ('NvtxPushPopRange', "
+                                   "'NvtxStartEndRange') ORDER BY id").fetchall()
+        if found:
+            return tuple(int(row[0]) for row in found)
+    return NVTX_RANGE_TYPES
 
 
 def _devices(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> list[dict[str, Any]]:
