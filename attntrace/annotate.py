@@ -1,11 +1,13 @@
 """`lint --annotate OUT`: a copy of the trace with the findings on its timeline, for Perfetto UI and
 chrome://tracing. The original bytes are kept as they are; the findings' events (an `attntrace` process,
 a track per rule, a slice per finding and step, flow arrows to the flagged events) are inserted at the
-start of the event list, and the copy is gzip when its name ends in .gz. The copy is streamed."""
+start of the event list, and the copy is gzip when its name ends in .gz. The copy is streamed. An Nsight Systems
+export has no JSON of its own: its copy is a Chrome trace written from the tables it was read into."""
 
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import re
 import zlib
@@ -21,6 +23,7 @@ from attntrace.flagged import Span, resolve
 from attntrace.model import Trace
 from attntrace.output import WouldOverwriteInput, replacing
 from attntrace.read.encodings import utf16_to_utf8, wide_codec
+from attntrace.read.nsys import is_sqlite_file
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
@@ -148,6 +151,45 @@ def _chunks(source: str) -> Iterator[bytes]:
     yield bytes(wide)
 
 
+GPU_EVENT_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+
+
+def _model_chunks(trace: Trace) -> Iterator[bytes]:
+    """A Chrome trace of a trace read into tables (an Nsight Systems export): its ops, runtime calls and GPU
+    events as complete events, on the processes, threads, devices and streams the findings point at."""
+    host = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
+    x = pl.lit("X").alias("ph")
+    frames = [
+        trace.ops.select(x, "cat", "name", "pid", "tid", "ts", "dur"),
+        trace.launches.select(x, "cat", "name", "pid", "tid", "ts", "dur",
+                              pl.struct("correlation").alias("args")),
+        trace.gpu.select(x, pl.col("kind").replace_strict(GPU_EVENT_CATS, default="kernel").alias("cat"), "name",
+                         "pid", "tid", "ts", "dur", pl.struct(
+                             "correlation", "device", "stream", "bytes",
+                             pl.col("registers").alias("registers per thread"),
+                             pl.col("shared_memory").alias("shared memory"),
+                             pl.col("blocks_per_sm").alias("blocks per SM"),
+                             *(pl.when(pl.col(volume).is_not_null())
+                               .then(pl.concat_list(volume, pl.lit(1, pl.Int64), pl.lit(1, pl.Int64))).alias(name)
+                               for volume, name in (("grid_blocks", "grid"), ("block_threads", "block")))
+                         ).alias("args")),
+        pl.DataFrame({"ph": "M", "name": "process_name", "pid": trace.devices,
+                      "args": [{"name": f"GPU {d}"} for d in trace.devices]}),
+    ]
+    yield b'{"deviceProperties":' + orjson.dumps(trace.meta.devices) + b',"traceEvents":['
+    first = True
+    for frame in frames:
+        if not frame.height:
+            continue
+        frame = frame.select([c for c in (*host, "args") if c in frame.columns])
+        out = io.BytesIO()
+        frame.write_ndjson(out)
+        # One event per line, each line one JSON object with its newlines escaped: commas join them.
+        yield (b"" if first else b",") + out.getvalue().rstrip(b"\n").replace(b"\n", b",")
+        first = False
+    yield b"]}"
+
+
 def _raw_chunks(source: str) -> Iterator[bytes]:
     """The file's bytes, gunzipped when gzip (members concatenated, as the reader reads them), a piece at a
     time: the copy is streamed, so annotating costs no second copy of the trace in memory."""
@@ -219,7 +261,8 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
         with replacing(target, [source]) as raw, (
                 gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw
         ) as out:
-            for piece in insert(_chunks(source), added):
+            chunks = _model_chunks(trace) if is_sqlite_file(source) else _chunks(source)
+            for piece in insert(chunks, added):
                 out.write(piece)
     except WouldOverwriteInput as exc:
         raise TraceError("unwritable", f"--annotate would overwrite the input {target}") from exc

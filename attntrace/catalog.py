@@ -15,7 +15,7 @@ from attntrace.data import load_toml, rules_dir
 
 SEVERITIES = ("error", "warning", "info")
 DOC_FIELDS = ("what", "why", "example", "fix")
-NEEDS = {"gpu", "shapes", "launch_config", "steps"}
+NEEDS = {"gpu", "ops", "shapes", "launch_config", "steps"}
 RULE_ID = re.compile(r"^AT\d{3}$")
 RULE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 

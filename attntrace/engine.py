@@ -6,6 +6,8 @@ import dataclasses
 from functools import partial
 from typing import Any
 
+import polars as pl
+
 from attntrace import __version__, ranks
 from attntrace.catalog import Rule, load_rules
 from attntrace.checks import CHECKS, Context, Skip
@@ -29,6 +31,9 @@ def default_settings(rules: dict[str, Rule]) -> Settings:
 def _missing(trace: Trace, need: str) -> str | None:
     if need == "gpu" and not trace.has_gpu:
         return "no GPU events (kernels, memcpy, memset) in the trace"
+    if need == "ops" and not trace.ops.select((pl.col("cat") == "cpu_op").any()).item():
+        return ("no CPU ops in the trace (an Nsight Systems export has them only from "
+                "torch.autograd.profiler.emit_nvtx() ranges): this rule judges the op that caused the kernels")
     if need == "shapes" and not trace.has_shapes:
         return "no input shapes: capture with record_shapes=True"
     return None

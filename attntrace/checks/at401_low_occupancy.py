@@ -39,6 +39,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         raise Skip("no kernels inside steps")
     if kernels["block_threads"].is_null().all() and kernels["occupancy"].is_null().all():
         raise Skip("no launch configuration (block size, registers, shared memory) in the trace's kernels")
+    if kernels["occupancy"].is_null().all() and not any(
+            ctx.trace.meta.device(d) for d in kernels["device"].unique().to_list()):
+        raise Skip("no device properties (Kineto's deviceProperties, nsys's TARGET_INFO_GPU) to compute "
+                   "occupancy from, and no occupancy in the trace")
     tax = taxonomy.load()
     judged = [c.id for c in tax.classes if by_design(c)]
     kernels = kernels.filter(~pl.col("cls").is_in(judged))

@@ -19,6 +19,7 @@ ITERATION_MARKERS = (
     (r"^enumerate\(DataLoader\)#.+\.__next__$", "start"),
 )
 MIN_INFERRED_STEPS = 2
+MIN_STEP_SHARE = 0.5  # of its thread's top-level time that a recurring annotation must span to be its steps
 WARMUP_FACTOR = 3.0  # a first window this many times the median of the rest is warm-up (lazy init, autotune)
 CAPTURE_BEGIN = r"^(cuda|hip)StreamBeginCapture"
 CAPTURE_END = r"^(cuda|hip)StreamEndCapture"
@@ -113,8 +114,14 @@ def _inferred(ops: pl.DataFrame, op_parent: list[int | None], notes: list[str]) 
     annotations = ops.with_columns(pl.Series("parent", op_parent, dtype=pl.Int64)).filter(
         (pl.col("cat") == "user_annotation") & pl.col("parent").is_null()
         & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    # A step holds most of its thread's work: an annotation that recurs around a small part of it (FSDP's
+    # pre_forward hook of one layer, in an Nsight Systems export with no step range) is no iteration.
+    top_level = (ops.with_columns(pl.Series("parent", op_parent, dtype=pl.Int64)).filter(pl.col("parent").is_null())
+                 .group_by("pid", "tid").agg(pl.col("dur").sum().alias("top_dur")))
     recurring = (annotations.group_by("pid", "tid", "name").agg(pl.len().alias("n"), pl.col("dur").sum())
                  .filter(pl.col("n") >= MIN_INFERRED_STEPS)
+                 .join(top_level, on=["pid", "tid"], how="left", nulls_equal=True)
+                 .filter(pl.col("dur") >= MIN_STEP_SHARE * pl.col("top_dur")).drop("top_dur")
                  .sort(["dur", "name", "pid", "tid"], descending=[True, False, False, False]))
     if not recurring.height:
         return None

@@ -258,6 +258,8 @@ def _assemble(parts: dict[str, list[pl.DataFrame]], inputs: list[pl.DataFrame], 
 def split_trace(raw: RawTrace) -> Tables:
     """split() of a trace's events; a big trace's pieces are decoded on every core, each worker returning its
     tables as Arrow IPC, stitched in file order: the tables are the same as from one process."""
+    if raw.frames is not None:
+        return _from_frames(raw.frames)
     if raw.pieces is None and raw.chunks is None:
         return split(raw.event_chunks())
     if raw.pieces is None:
@@ -275,6 +277,17 @@ def split_trace(raw: RawTrace) -> Tables:
     raw.document, raw.incomplete = again.document, again.incomplete
     raw.restore(again.counts())
     return _checked_pieces(raw, tables) if in_pieces else tables
+
+
+def _from_frames(frames: dict[str, Any]) -> Tables:
+    """The tables of a trace the reader gave in columns (an Nsight Systems export): the same derived columns
+    as from events."""
+    tables = {kind: _derive(kind, _concat([frames[kind]])) for kind in KINDS}
+    odd = sum(tables[kind].height and frames[kind].select((pl.col("dur").is_null() | (pl.col("dur") < 0)).sum()).item()
+              for kind in ("ops", "launches", "gpu"))
+    return Tables(ops=tables["ops"], launches=tables["launches"], gpu=tables["gpu"],
+                  flows=tables["flows"].drop("idx"), gpu_annotations=tables["gpu_annotations"],
+                  python=tables["python"].drop("idx"), op_args=OpInputs(frames["op_args"]), odd_durations=odd)
 
 
 def _checked_pieces(raw: RawTrace, tables: Tables) -> Tables:

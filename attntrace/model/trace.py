@@ -316,10 +316,13 @@ class Trace:
 
         A GPU event takes the step of the CPU call that launched it. One with no recorded launch (work
         queued before profiling began, or a dropped launch) takes the GPU-side ProfilerStep window that it
-        starts in; only a trace with no launch links at all falls back to the CPU step windows."""
+        starts in; a trace with no launch links at all, or no steps (the whole trace is one window), falls back to
+        the CPU step windows."""
         gpu = links.correlation_from_flows(self.gpu, self.flows, self.launches)
         linked = links.link_gpu(gpu, self.launches_linked)
-        if linked["launch"].is_not_null().any():
+        # With the whole trace as one window, an event whose launch is not in the trace (queued before the capture
+        # began: an Nsight Systems export cut to a time range) is still in it.
+        if linked["launch"].is_not_null().any() and self.step_info.marked:
             by_time = links.gpu_step_windows(linked, self.gpu_annotations)
         else:
             by_time = assign(linked.drop("launch_step"), self.steps, by_process=False).select(

@@ -5,6 +5,7 @@
 - encodings: gzip and text encodings;
 - decoding: JSON into typed events, whole or in pieces, tolerant of odd events;
 - salvage: the complete events of a cut-off file;
+- nsys: Nsight Systems SQLite exports, read into the same tables (recognised by their content);
 - raw: what they build (RawTrace, Pieces, ReadOptions).
 """
 
@@ -14,6 +15,7 @@ from attntrace.errors import TraceError
 from attntrace.read.buffers import check_memory, is_file_of, let_go, load_bytes
 from attntrace.read.decoding import decode, salvaged
 from attntrace.read.inputs import discover, input_roots
+from attntrace.read.nsys import is_sqlite, is_sqlite_file, read_export
 from attntrace.read.raw import CHUNK_BYTES, DEFAULT_MAX_BYTES, RawTrace, ReadOptions
 
 __all__ = ["CHUNK_BYTES", "DEFAULT_MAX_BYTES", "RawTrace", "ReadOptions", "TraceError", "discover", "input_roots",
@@ -23,7 +25,11 @@ __all__ = ["CHUNK_BYTES", "DEFAULT_MAX_BYTES", "RawTrace", "ReadOptions", "Trace
 def read(path: str, options: ReadOptions | None = None) -> RawTrace:
     """One trace, read and decoded (in pieces when large); TraceError with a one-line reason otherwise."""
     options = options or ReadOptions()
+    if is_sqlite_file(path):  # an Nsight Systems export, opened where it is (read-only), not read into memory
+        return read_export(path)
     data, cut = load_bytes(path, options.max_bytes, options.salvage)
+    if is_sqlite(data):  # one from stdin or a URL
+        return read_export(path, data)
     check_memory(len(data))
     if not cut:
         raw = decode(path, data, options.salvage)

@@ -15,6 +15,8 @@ from pathlib import Path
 from attntrace.errors import TRACE_SUFFIXES, TraceError
 
 _GLOB = re.compile(r"[*?\[]")
+# Nsight Systems exports (read/nsys.py) found in a directory; one of another program is passed over there.
+EXPORT_SUFFIXES = (".sqlite",)
 
 
 def input_roots(paths: list[str]) -> tuple[str, ...]:
@@ -119,7 +121,7 @@ def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
     for folder, dirs, files in os.walk(root, followlinks=False, onerror=unreadable):
         dirs.sort()
         for name in files:
-            if not name.endswith(TRACE_SUFFIXES):
+            if not name.endswith(TRACE_SUFFIXES + EXPORT_SUFFIXES):
                 continue
             full = os.path.join(folder, name)
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from attntrace.events import Document, TraceEvent
 
@@ -45,6 +46,9 @@ class RawTrace:
     pieces: Pieces | None = field(default=None, repr=False)
     unphased_events: int = 0  # events without a phase the Trace Event Format knows, left out
     seen_events: int = 0  # items of the event list decoded in pieces (a document in one piece holds its own)
+    # Tables already in columns (an Nsight Systems export, read/nsys.py): ops, launches, gpu, flows,
+    # gpu_annotations, python (polars frames of the columns model/tables.py takes from events) and op_args.
+    frames: dict[str, Any] | None = field(default=None, repr=False)
 
     def take_pieces(self) -> Pieces | None:
         """The pieces, for a caller that decodes them itself (in other processes); the events are then not
