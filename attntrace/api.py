@@ -330,7 +330,7 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     settings = build_settings(config=config)
     try:
         data = {"path": name, **summarize_trace(load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)),
-                                                settings)}
+                                                settings, with_path=True)}
     except TraceError as exc:
         raise TraceReadError(f"{name}: {exc.message}") from None
     except OSError as exc:
