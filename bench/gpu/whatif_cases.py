@@ -35,6 +35,22 @@ Step = Callable[[], None]
 ROUNDS = 3
 
 
+def loss_log(item: bool) -> Callable[[torch.Tensor], None]:
+    """Where a step's loss goes: read on the host at once (`.item()`, a sync), or kept on the GPU (a bounded list,
+    so that memory stays flat)."""
+    kept: list[torch.Tensor] = []
+
+    def log(loss: torch.Tensor) -> None:
+        if item:
+            float(loss.item())
+            return
+        kept.append(loss.detach())
+        if len(kept) > 64:
+            kept.clear()
+
+    return log
+
+
 def _resnet(batch: int = 64) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     import torchvision
 
@@ -51,7 +67,7 @@ def resnet_loop(pinned: bool, item: bool, copy: bool = True) -> Step:
     host = host.pin_memory() if pinned else host
     resident = host.cuda()
     y = torch.randint(0, 1000, (64,), device="cuda")
-    kept: list[torch.Tensor] = []
+    log = loss_log(item)
 
     def step() -> None:
         x = host.cuda(non_blocking=pinned) if copy else resident
@@ -61,12 +77,7 @@ def resnet_loop(pinned: bool, item: bool, copy: bool = True) -> Step:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if item:
-            float(loss.item())
-        else:
-            kept.append(loss.detach())
-            if len(kept) > 64:
-                kept.clear()
+        log(loss)
 
     return step
 
@@ -77,7 +88,7 @@ def mlp_micro(item: bool) -> Step:
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, 256, device="cuda")
-    kept: list[torch.Tensor] = []
+    log = loss_log(item)
 
     def step() -> None:
         for _ in range(4):
@@ -85,12 +96,7 @@ def mlp_micro(item: bool) -> Step:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if item:
-                float(loss.item())
-            else:
-                kept.append(loss.detach())
-        if len(kept) > 256:
-            kept.clear()
+            log(loss)
 
     return step
 
@@ -288,7 +294,7 @@ def compiled_item(item: bool) -> Step:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     forward = torch.compile(model)
     x = torch.randn(512, 1024, device="cuda")
-    kept: list[torch.Tensor] = []
+    log = loss_log(item)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -296,12 +302,7 @@ def compiled_item(item: bool) -> Step:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if item:
-            float(loss.item())
-        else:
-            kept.append(loss.detach())
-            if len(kept) > 64:
-                kept.clear()
+        log(loss)
 
     return step
 
@@ -351,17 +352,7 @@ def big_gemm(item: bool) -> Step:
 def gpt2_item(item: bool) -> Step:
     from profiler_calibration import gpt2_train
 
-    kept: list[torch.Tensor] = []
-
-    def log(loss: torch.Tensor) -> None:
-        if item:
-            float(loss.item())
-        else:
-            kept.append(loss.detach())
-            if len(kept) > 64:
-                kept.clear()
-
-    return gpt2_train(after=log)
+    return gpt2_train(after=loss_log(item))
 
 
 # case -> (before, after, settings to capture `before` under).
