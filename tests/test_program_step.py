@@ -23,11 +23,13 @@ def _findings(path: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("setting", ["plain", "shapes", "shapes_stack"])
 def test_every_rule_shares_the_step_without_the_profiler(setting: str):
     # mlp_item_sync: 19.5 ms per step as recorded, ~14 ms replayed without the profiler (un-profiled: 10-12 ms).
-    # AT201's 340 us saving was 2.0% of the recorded mean (info) in one capture and a warning in the others; over
-    # the program's step it is a warning in all three.
+    # AT201's 340 us of GPU time was 2.0% of the recorded mean in one capture and more in the others; but the step
+    # is the CPU's (the GPU idles ~94% of it), so TF32 GEMMs take nothing off its critical path: the wall saving,
+    # replayed, keeps it info in all three captures, as one program's verdict.
     findings = _findings(sample(f"calibration/mlp_item_sync.{setting}"))
     by_rule = {f["rule"]: f for f in findings}
-    assert by_rule["AT201"]["severity"] == "warning"
+    assert by_rule["AT201"]["severity"] == "info"
+    assert by_rule["AT201"]["impact"]["wall_us_per_step"] < 0.02 * by_rule["AT201"]["impact"]["step_us"]
     # The mean replayed step over every step (as AT201's per-step time is), beside AT402's median steady one.
     assert by_rule["AT201"]["impact"]["step_us"] == pytest.approx(by_rule["AT402"]["impact"]["step_us"], rel=0.1)
     recorded = load(sample(f"calibration/mlp_item_sync.{setting}")).replay.per_device()["recorded_us"][0]
