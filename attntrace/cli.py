@@ -297,14 +297,16 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, con
               help="With --from-trace: measure only the N sites that take the most GPU time.")
 @click.option("--calibrate-profiler", is_flag=True,
               help="Measure what the profiler costs the CPU per recorded event on this machine (small loops with "
-                   "and without it) and write the costs to [tool.attntrace.profiler_cost] of the nearest "
-                   "pyproject.toml, where lint finds them; nothing else runs.")
+                   "and without it) and print them as [tool.attntrace.profiler_cost]; nothing else runs.")
+@click.option("--write", "write_costs", is_flag=True,
+              help="With --calibrate-profiler: write the costs into the nearest pyproject.toml (created in the "
+                   "current directory if none), where lint finds them.")
 @click.pass_context
 def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int | None, kv_heads: int | None,
         seq: int | None, query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str,
         causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
         with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None,
-        calibrate_profiler: bool) -> None:
+        calibrate_profiler: bool, write_costs: bool) -> None:
     """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
 
     Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
@@ -312,8 +314,10 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     from attntrace.capture import options
 
     if calibrate_profiler:
-        _calibrate_profiler(device)
+        _calibrate_profiler(device, write_costs)
         return
+    if write_costs:
+        raise click.UsageError("--write goes with --calibrate-profiler")
     if from_trace is not None:
         given = [f"--{name.replace('_', '-')}" for name in ("batch", "heads", "kv_heads", "seq", "query_len",
                                                             "window", "varlen", "head_dim", "dtype", "backward")
@@ -374,8 +378,9 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     sys.exit(EXIT_OK)
 
 
-def _calibrate_profiler(device: str) -> None:
-    """`run --calibrate-profiler`: the per-event costs measured here, written where lint reads its settings."""
+def _calibrate_profiler(device: str, write: bool) -> None:
+    """`run --calibrate-profiler`: the per-event costs measured here, printed, and with --write written where lint
+    reads its settings (a user's pyproject.toml is changed only when asked)."""
     profiler_cost = _capture_module("profiler_cost")[0]
     from attntrace.config import find_pyproject, write_profiler_costs
 
@@ -385,12 +390,17 @@ def _calibrate_profiler(device: str) -> None:
     except RuntimeError as exc:  # too noisy to measure: one line, exit 2
         raise click.ClickException(str(exc)) from exc
     text = profiler_cost.to_toml(result)
+    click.echo(text.rstrip())
+    scope = " (measured on a CPU: lint applies them to CPU traces only)" if device == "cpu" else ""
+    if not write:
+        click.echo(f"not written: add --write to put them into {target}{scope}")
+        return
     try:
         write_profiler_costs(target, text)
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"{target}: cannot write the profiler costs ({exc})") from exc
-    click.echo(text.rstrip())
-    click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them")
+    click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them"
+               f"{scope}")
 
 
 def _capture_module(name: str) -> tuple[Any, list[warnings.WarningMessage]]:
