@@ -153,11 +153,29 @@ def _error(line: str) -> None:
     click.echo(f"error: {_shown(line)}", err=True)
 
 
+def _one_terminal() -> bool:
+    """Whether stdout and stderr both go to a terminal, where a line on each is seen twice."""
+    try:
+        return bool(sys.stdout and sys.stderr and sys.stdout.isatty() and sys.stderr.isatty())
+    except (OSError, ValueError):  # closed or detached streams
+        return False
+
+
+SUGGEST_RATIO = 0.6  # difflib's default cutoff, over the names without their dashes
+
+
 def _one_line(self: click.ClickException, file: Any = None) -> None:
     """An error as one printable line, like every other error (click prints a usage error's usage and a hint
     above it, and a message as given: a path or config key with a newline in it split it in two)."""
     where = (f" (see '{self.ctx.command_path} --help')"
              if isinstance(self, click.UsageError) and self.ctx is not None else "")
+    if isinstance(self, click.NoSuchOption) and self.possibilities:
+        # click matches whole option strings, where the shared "--" counts: --bogus was told "Did you mean
+        # '--jobs'?". Only names alike without it are suggested.
+        from difflib import SequenceMatcher
+
+        self.possibilities = [p for p in self.possibilities if SequenceMatcher(
+            None, self.option_name.lstrip("-"), p.lstrip("-")).ratio() >= SUGGEST_RATIO]
     click.echo(f"Error: {_shown(self.format_message())}{where}", err=True)
 
 
@@ -345,7 +363,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     # Arguments are checked above, before torch's import (seconds) below. What torch warns at import (no NumPy)
     # is kept in run.json with the variants' warnings, not printed over the table.
     runner, import_warnings = _capture_module("runner")
-    from attntrace.compare import analyse_run, header_line, peak_line, render, verdict
+    from attntrace.compare import analyse_run, cpu_timing_note, header_line, peak_line, render, verdict
 
     config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
                               with_stack)
@@ -367,6 +385,8 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         click.echo(render(report["table"], backward))
         click.echo(peak_line(report))
         click.echo(verdict(report))
+        if cpu_timing_note(report):
+            click.echo(cpu_timing_note(report))
         warned = sum(len(r.warnings) for r in results) + len(meta["import_warnings"])
         files = f"traces, run.json{' and report.html' if page else ''}"
         click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
@@ -447,7 +467,7 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
         runner.usable_device(device)  # before --out is made
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
-    from attntrace.compare import header_line, render
+    from attntrace.compare import cpu_timing_note, header_line, render
     from attntrace.progress import run_progress
 
     folder = Path(out_dir)
@@ -467,6 +487,8 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
             if report is not None:
                 click.echo(header_line(report))
                 click.echo(render(report["table"], report["config"]["backward"]))
+                if cpu_timing_note(report):
+                    click.echo(cpu_timing_note(report))
             click.echo("")
         click.echo(fromtrace.render_measurement(result))
         click.echo(f"traces and run.json per site, and the verdicts in {folder / 'run.json'}")
@@ -620,8 +642,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
             click.echo(f"warning: {_shown(line)}", err=True)
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
+    # On one terminal the text report shows each error already: printed on stderr too, it came twice.
+    shown_in_report = fmt == "text" and output in (None, "-") and _one_terminal()
     for trace in report["traces"]:
-        if trace["error"]:
+        if trace["error"] and not shown_in_report:
             _error(f"{trace['path']}: {trace['error']['message']}")
         elif trace.get("annotate_error"):
             _error(f"{trace['path']}: --annotate: {trace['annotate_error']} (its findings are in the report)")
@@ -732,8 +756,9 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
         if missing:
             raise click.ClickException(f"{_shown(path)}: no such file or directory")
     result = _escaped(differ.compare(base, new, fail_over))
+    shown_in_report = fmt != "json" and output in (None, "-") and _one_terminal()  # as lint's
     for c in result["comparisons"]:
-        for line in c["errors"]:
+        for line in c["errors"] if not shown_in_report else ():
             _error(line)
     for one_sided in result["unmatched"]:
         if one_sided["error"]:

@@ -68,3 +68,17 @@ def test_hugging_face_fix_of_a_causal_call_without_a_mask_says_nothing_of_masks(
     assert math["where"]["framework"] == "transformers"
     framework_part = math["fix"].split(" In plain PyTorch:")[0]
     assert "bf16" in framework_part and "mask" not in framework_part
+
+
+def test_report_findings_are_causes_and_to_polars_has_their_consequences_too():
+    """`report.findings` counts causes, `to_polars()` has a row per cause and per consequence: the README and the
+    docstrings said both were "one per finding"."""
+    pytest.importorskip("polars")
+    import attntrace
+
+    report = attntrace.lint(str(SAMPLES / "bf16_causal_fwd" / "sdpa_math.pt.trace.json.gz"))
+    rows = report.to_polars()
+    assert rows.height == sum(len(f.and_consequences()) for f in report.findings) > len(report.findings)
+    said = "one row per cause and per consequence"
+    assert said in attntrace.Report.to_polars.__doc__.lower()
+    assert said in (ROOT / "README.md").read_text()
