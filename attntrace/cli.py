@@ -20,6 +20,7 @@ import click
 import orjson
 
 from attntrace import __version__
+from attntrace.install import pip_install
 from attntrace.loading import SKIPPED, InputError, load, map_inputs
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -325,7 +326,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
         with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None,
         calibrate_profiler: bool, write_costs: bool) -> None:
-    """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
+    """Profile each attention implementation and compare them (needs torch: the capture extra).
 
     Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
     requested variant was skipped (with --from-trace: a trace without recorded shapes)."""
@@ -431,7 +432,7 @@ def _capture_module(name: str) -> tuple[Any, list[warnings.WarningMessage]]:
             warnings.simplefilter("always")
             module = importlib.import_module(f"attntrace.capture.{name}")
     except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+        raise click.ClickException(f"attntrace run needs torch ({exc}); {pip_install('capture')}") from exc
     return module, import_warnings
 
 
@@ -512,7 +513,7 @@ def _site_report(folder: Path, site: dict[str, Any]) -> dict[str, Any] | None:
 def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path | None:
     """DIR/report.html when the html extra is installed; the run itself does not depend on it."""
     if importlib.util.find_spec("plotly") is None:
-        click.echo(f"note: no {out_dir / 'report.html'}: pip install 'attntrace[html]' for it", err=True)
+        click.echo(f"note: no {out_dir / 'report.html'}: {pip_install('html')} for it", err=True)
         return None
     from attntrace.api import write_run_report
 
@@ -560,7 +561,7 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @main.command(short_help="Lint traces: the causes that make attention slow.")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(LINT_FORMATS), default="text", show_default=True,
-              help="html: one self-contained page with charts (needs pip install 'attntrace[html]').")
+              help="html: one self-contained page with charts (needs the html extra: plotly).")
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
 @click.option("--annotate", "annotate_to", type=click.Path(), metavar="OUT",
               help="Also write each trace with its findings on the timeline (for Perfetto UI) to OUT: a file for "
@@ -577,7 +578,7 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
 @click.option("--scheduler", callback=lambda ctx, param, value: _scheduler(value), metavar="tcp://HOST:PORT|local[:N]",
-              help="Lint on a Dask cluster, one task per trace (pip install 'attntrace[dask]'): an existing "
+              help="Lint on a Dask cluster, one task per trace (needs the dask extra): an existing "
                    "scheduler's address, or local:N worker processes here. Workers read the traces themselves.")
 @click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
               help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
