@@ -21,9 +21,21 @@ $(BIN)/attntrace: pyproject.toml constraints.txt
 
 install: $(BIN)/attntrace
 
-demo: install
-	$(BIN)/attntrace summary sample_traces/bf16_causal_fwd/naive.pt.trace.json.gz
-	$(BIN)/attntrace lint sample_traces/ --fail-on never
+# The light demo: attntrace alone in a venv of its own (lint needs no torch, moto, dask or plotly), then the
+# README's short demo. Reinstalled when the package's files change.
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+DEMO_TRACES := sample_traces/bf16_causal_fwd/naive.pt.trace.json.gz sample_traces/bf16_causal_fwd/sdpa_math.pt.trace.json.gz
+
+# The venv gets no pip of its own (ensurepip took 16 s of a fresh machine's demo): this Python's pip (22.3 or
+# later, for --python) installs into it.
+$(DEMO_BIN)/attntrace: pyproject.toml $(shell find attntrace rules -type f -not -name '*.pyc')
+	$(PYTHON) -m venv --clear --without-pip $(DEMO_VENV)
+	$(PYTHON) -m pip --python $(DEMO_BIN)/python install -q -c constraints.txt .
+	touch $@
+
+demo: $(DEMO_BIN)/attntrace
+	$(DEMO_BIN)/attntrace lint $(DEMO_TRACES) --fail-on never
 
 test: install
 	$(BIN)/ruff check .
@@ -41,4 +53,4 @@ constraints:
 	rm -rf .venv-constraints
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(DEMO_VENV) build dist *.egg-info

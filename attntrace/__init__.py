@@ -3,9 +3,9 @@
 The Python API (loaded on first use, so that `import attntrace` stays light):
 
     report = attntrace.lint("traces/", select=["AT1"], settings={"AT101.min_bytes": 1 << 20})
-    report.findings          # typed Finding objects, sorted by severity then impact
+    report.findings          # the causes, typed Findings sorted by severity then impact (.consequences inside)
     report.to_json()         # the JSON report of `attntrace lint --format json`
-    report.to_polars()       # one row per finding
+    report.to_polars()       # one row per cause and per consequence
     attntrace.summarize("run.pt.trace.json.gz")
     torch.profiler.profile(..., on_trace_ready=attntrace.on_trace_ready("traces/", fail_on="warning"))
 """

@@ -2,7 +2,6 @@
 shell's status for an interrupted command, whether it comes during the imports, the analysis or the exit;
 SIGTERM (kill, a CI job's timeout) with 143. Either way the worker processes go with it."""
 
-import contextlib
 import os
 import signal
 import sys
@@ -16,16 +15,19 @@ def _interrupted(signum: int, frame: object) -> None:
     # parent is gone, or go on decoding for nobody), then the server that forks them, then leave at once: no
     # "Aborted!", no traceback, no exit-time noise from threads. The resource tracker stays: once this
     # process is gone it unlinks the pool's semaphores (/dev/shm/sem.mp-*), quietly (workers.QUIET_TRACKER).
-    if "multiprocessing" in sys.modules:
-        import multiprocessing
-        from multiprocessing import forkserver
-
-        for child in multiprocessing.active_children():
+    # The modules are taken from sys.modules, never imported here: a Ctrl-C while `import multiprocessing` runs
+    # finds it half initialised (an ImportError from the handler was a traceback and exit 1). Whatever fails
+    # here, the process still leaves with 128 + signum.
+    try:
+        processes = sys.modules.get("multiprocessing")
+        for child in getattr(processes, "active_children", list)():
             child.terminate()
+        forkserver = sys.modules.get("multiprocessing.forkserver")
         server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         if server:
-            with contextlib.suppress(OSError):
-                os.kill(server, signal.SIGTERM)
+            os.kill(server, signal.SIGTERM)
+    except BaseException:  # leaving is all that is left to do
+        pass
     os._exit(128 + signum)
 
 

@@ -111,6 +111,7 @@ class Report:
 
     @property
     def findings(self) -> list[Finding]:
+        """The causes, one per change a user can make; what follows from each is in its `consequences`."""
         return [Finding.from_dict(f) for f in self.data["findings"]]
 
     @property
@@ -143,7 +144,8 @@ class Report:
         return (orjson.dumps(self.data, option=orjson.OPT_INDENT_2) + b"\n").decode()
 
     def to_polars(self) -> Any:
-        """One row per finding, the columns of `attntrace lint --format parquet` (README): job, trace, rank,
+        """One row per cause and per consequence (`findings` holds the causes, each with its consequences), the
+        columns of `attntrace lint --format parquet` (README): job, trace, rank,
         device, rule, severity, message, op_chain, kernel, steps, impact, subsumed_by, baseline, evidence as
         JSON text, fix, source."""
         from attntrace.formats import parquet

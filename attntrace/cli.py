@@ -20,6 +20,7 @@ import click
 import orjson
 
 from attntrace import __version__
+from attntrace.install import pip_install
 from attntrace.loading import SKIPPED, InputError, load, map_inputs
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -153,11 +154,29 @@ def _error(line: str) -> None:
     click.echo(f"error: {_shown(line)}", err=True)
 
 
+def _one_terminal() -> bool:
+    """Whether stdout and stderr both go to a terminal, where a line on each is seen twice."""
+    try:
+        return bool(sys.stdout and sys.stderr and sys.stdout.isatty() and sys.stderr.isatty())
+    except (OSError, ValueError):  # closed or detached streams
+        return False
+
+
+SUGGEST_RATIO = 0.6  # difflib's default cutoff, over the names without their dashes
+
+
 def _one_line(self: click.ClickException, file: Any = None) -> None:
     """An error as one printable line, like every other error (click prints a usage error's usage and a hint
     above it, and a message as given: a path or config key with a newline in it split it in two)."""
     where = (f" (see '{self.ctx.command_path} --help')"
              if isinstance(self, click.UsageError) and self.ctx is not None else "")
+    if isinstance(self, click.NoSuchOption) and self.possibilities:
+        # click matches whole option strings, where the shared "--" counts: --bogus was told "Did you mean
+        # '--jobs'?". Only names alike without it are suggested.
+        from difflib import SequenceMatcher
+
+        self.possibilities = [p for p in self.possibilities if SequenceMatcher(
+            None, self.option_name.lstrip("-"), p.lstrip("-")).ratio() >= SUGGEST_RATIO]
     click.echo(f"Error: {_shown(self.format_message())}{where}", err=True)
 
 
@@ -342,23 +361,27 @@ def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bo
               help="With --from-trace: measure only the N sites that take the most GPU time.")
 @click.option("--calibrate-profiler", is_flag=True,
               help="Measure what the profiler costs the CPU per recorded event on this machine (small loops with "
-                   "and without it) and write the costs to [tool.attntrace.profiler_cost] of the nearest "
-                   "pyproject.toml, where lint finds them; nothing else runs.")
+                   "and without it) and print them as [tool.attntrace.profiler_cost]; nothing else runs.")
+@click.option("--write", "write_costs", is_flag=True,
+              help="With --calibrate-profiler: write the costs into the nearest pyproject.toml (created in the "
+                   "current directory if none), where lint finds them.")
 @click.pass_context
 def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int | None, kv_heads: int | None,
         seq: int | None, query_len: int | None, window: int | None, varlen: bool, head_dim: int, dtype: str,
         causal: bool, backward: bool, steps: int, warmup: int, device: str, out_dir: str, no_lint: bool,
         with_stack: bool, fmt: str, from_trace: str | None, plan: bool, max_sites: int | None,
-        calibrate_profiler: bool) -> None:
-    """Profile each attention implementation and compare them (needs torch: pip install 'attntrace[capture]').
+        calibrate_profiler: bool, write_costs: bool) -> None:
+    """Profile each attention implementation and compare them (needs torch: the capture extra).
 
     Exit codes: 0 every variant that ran passed its float64 check; 1 one failed it; 2 bad usage, or every
     requested variant was skipped (with --from-trace: a trace without recorded shapes)."""
     from attntrace.capture import options
 
     if calibrate_profiler:
-        _calibrate_profiler(device)
+        _calibrate_profiler(device, write_costs)
         return
+    if write_costs:
+        raise click.UsageError("--write goes with --calibrate-profiler")
     if from_trace is not None:
         given = [f"--{name.replace('_', '-')}" for name in ("batch", "heads", "kv_heads", "seq", "query_len",
                                                             "window", "varlen", "head_dim", "dtype", "backward")
@@ -386,7 +409,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     # Arguments are checked above, before torch's import (seconds) below. What torch warns at import (no NumPy)
     # is kept in run.json with the variants' warnings, not printed over the table.
     runner, import_warnings = _capture_module("runner")
-    from attntrace.compare import analyse_run, header_line, peak_line, render, verdict
+    from attntrace.compare import analyse_run, cpu_timing_note, header_line, peak_line, render, verdict
 
     config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
                               with_stack)
@@ -408,6 +431,8 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
         click.echo(render(report["table"], backward))
         click.echo(peak_line(report))
         click.echo(verdict(report))
+        if cpu_timing_note(report):
+            click.echo(cpu_timing_note(report))
         warned = sum(len(r.warnings) for r in results) + len(meta["import_warnings"])
         files = f"traces, run.json{' and report.html' if page else ''}"
         click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
@@ -419,8 +444,9 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     sys.exit(EXIT_OK)
 
 
-def _calibrate_profiler(device: str) -> None:
-    """`run --calibrate-profiler`: the per-event costs measured here, written where lint reads its settings."""
+def _calibrate_profiler(device: str, write: bool) -> None:
+    """`run --calibrate-profiler`: the per-event costs measured here, printed, and with --write written where lint
+    reads its settings (a user's pyproject.toml is changed only when asked)."""
     profiler_cost = _capture_module("profiler_cost")[0]
     from attntrace.config import find_pyproject, write_profiler_costs
 
@@ -430,12 +456,17 @@ def _calibrate_profiler(device: str) -> None:
     except RuntimeError as exc:  # too noisy to measure: one line, exit 2
         raise click.ClickException(str(exc)) from exc
     text = profiler_cost.to_toml(result)
+    click.echo(text.rstrip())
+    scope = " (measured on a CPU: lint applies them to CPU traces only)" if device == "cpu" else ""
+    if not write:
+        click.echo(f"not written: add --write to put them into {target}{scope}")
+        return
     try:
         write_profiler_costs(target, text)
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"{target}: cannot write the profiler costs ({exc})") from exc
-    click.echo(text.rstrip())
-    click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them")
+    click.echo(f"written to {target}: attntrace lint run from here judges idle, launch and sync time with them"
+               f"{scope}")
 
 
 def _capture_module(name: str) -> tuple[Any, list[warnings.WarningMessage]]:
@@ -446,7 +477,7 @@ def _capture_module(name: str) -> tuple[Any, list[warnings.WarningMessage]]:
             warnings.simplefilter("always")
             module = importlib.import_module(f"attntrace.capture.{name}")
     except ImportError as exc:
-        raise click.ClickException(f"attntrace run needs torch ({exc}); pip install 'attntrace[capture]'") from exc
+        raise click.ClickException(f"attntrace run needs torch ({exc}); {pip_install('capture')}") from exc
     return module, import_warnings
 
 
@@ -482,7 +513,7 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
         runner.usable_device(device)  # before --out is made
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
-    from attntrace.compare import header_line, render
+    from attntrace.compare import cpu_timing_note, header_line, render
     from attntrace.progress import run_progress
 
     folder = Path(out_dir)
@@ -502,6 +533,8 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
             if report is not None:
                 click.echo(header_line(report))
                 click.echo(render(report["table"], report["config"]["backward"]))
+                if cpu_timing_note(report):
+                    click.echo(cpu_timing_note(report))
             click.echo("")
         click.echo(fromtrace.render_measurement(result))
         click.echo(f"traces and run.json per site, and the verdicts in {folder / 'run.json'}")
@@ -525,7 +558,7 @@ def _site_report(folder: Path, site: dict[str, Any]) -> dict[str, Any] | None:
 def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path | None:
     """DIR/report.html when the html extra is installed; the run itself does not depend on it."""
     if importlib.util.find_spec("plotly") is None:
-        click.echo(f"note: no {out_dir / 'report.html'}: pip install 'attntrace[html]' for it", err=True)
+        click.echo(f"note: no {out_dir / 'report.html'}: {pip_install('html')} for it", err=True)
         return None
     from attntrace.api import write_run_report
 
@@ -573,7 +606,7 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @main.command(short_help="Lint traces: the causes that make attention slow.")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(LINT_FORMATS), default="text", show_default=True,
-              help="html: one self-contained page with charts (needs pip install 'attntrace[html]').")
+              help="html: one self-contained page with charts (needs the html extra: plotly).")
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
 @click.option("--annotate", "annotate_to", type=click.Path(), metavar="OUT",
               help="Also write each trace with its findings on the timeline (for Perfetto UI) to OUT: a file for "
@@ -590,7 +623,7 @@ LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
 @click.option("--scheduler", callback=lambda ctx, param, value: _scheduler(value), metavar="tcp://HOST:PORT|local[:N]",
-              help="Lint on a Dask cluster, one task per trace (pip install 'attntrace[dask]'): an existing "
+              help="Lint on a Dask cluster, one task per trace (needs the dask extra): an existing "
                    "scheduler's address, or local:N worker processes here. Workers read the traces themselves.")
 @click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
               help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
@@ -655,8 +688,10 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
             click.echo(f"warning: {_shown(line)}", err=True)
     if known is not None:
         baseline.apply(report, known, str(baseline_path))
+    # On one terminal the text report shows each error already: printed on stderr too, it came twice.
+    shown_in_report = fmt == "text" and output in (None, "-") and _one_terminal()
     for trace in report["traces"]:
-        if trace["error"]:
+        if trace["error"] and not shown_in_report:
             _error(f"{trace['path']}: {trace['error']['message']}")
         elif trace.get("annotate_error"):
             _error(f"{trace['path']}: --annotate: {trace['annotate_error']} (its findings are in the report)")
@@ -767,8 +802,9 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
         if missing:
             raise click.ClickException(f"{_shown(path)}: no such file or directory")
     result = _escaped(differ.compare(base, new, fail_over))
+    shown_in_report = fmt != "json" and output in (None, "-") and _one_terminal()  # as lint's
     for c in result["comparisons"]:
-        for line in c["errors"]:
+        for line in c["errors"] if not shown_in_report else ():
             _error(line)
     for one_sided in result["unmatched"]:
         if one_sided["error"]:

@@ -219,6 +219,18 @@ def verdict(report: dict[str, Any]) -> str:
     return f"verdict: {best} is fastest at {best_ms:.3f} ms per {unit}, {slow_ms / best_ms:.2f}x faster than {against}"
 
 
+def cpu_timing_note(report: dict[str, Any]) -> str | None:
+    """On a CPU, what the timings are worth: at these sizes a variant's time is a few ms of a shared, clock-scaled
+    CPU, and the profiled over timed ratio swung from 0.12x to 47.85x in one run (run --from-trace --device cpu at a
+    real model's shapes): said beside the table rather than the figures stated flatly."""
+    if report["config"]["device"] == "cuda":
+        return None
+    ratios = [row["profiler_x"] for row in report["table"] if row.get("profiler_x")]
+    spread = f" (profiler x {min(ratios):.2f}x-{max(ratios):.2f}x here)" if len(ratios) > 1 else ""
+    return ("note: CPU timings at these sizes are noise" + spread + ": read the table for which variants run and "
+            "pass the float64 check, not for their speed; time them on a GPU")
+
+
 def header_line(report: dict[str, Any]) -> str:
     config, env = report["config"], report["environment"]
     s = config["shape"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from attntrace.install import pip_install
 from attntrace.loading import InputError, guarded
 
 _ADDRESS = re.compile(r"^(tcp|tls|ucx|inproc|ws|wss)://\S+$")
@@ -31,7 +32,7 @@ def check(value: str) -> str:
     if _ADDRESS.match(value) or (local and (local.group(1) is None or int(local.group(1)) > 0)):
         # Asked before any trace is read: a missing extra is a usage error (exit 2), not a finding (exit 1).
         if importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None:
-            raise SchedulerError("--scheduler needs Dask, which is not installed: pip install 'attntrace[dask]'")
+            raise SchedulerError(f"--scheduler needs Dask, which is not installed: {pip_install('dask')}")
         return value
     raise SchedulerError(f"{value!r} is not a scheduler: give tcp://HOST:PORT (an existing Dask cluster) "
                          "or local[:N] (N worker processes on this machine)")
@@ -51,7 +52,7 @@ def _client(scheduler: str) -> Iterator[Any]:
         import dask
         from distributed import Client, LocalCluster
     except ImportError as exc:
-        raise SchedulerError(f"--scheduler needs Dask: pip install 'attntrace[dask]' ({exc})") from exc
+        raise SchedulerError(f"--scheduler needs Dask: {pip_install('dask')} ({exc})") from exc
     _quiet()
     local = _LOCAL.match(scheduler)
     # Worker processes start from this environment: keep their logging as quiet as the client's.

@@ -49,7 +49,14 @@ def summarize_trace(trace: Trace, settings: Settings, with_path: bool = False) -
     """`attntrace summary` of one trace, its profiler estimate made with the config's costs (`run
     --calibrate-profiler`) as lint's is: summary and lint give a trace the same step without the profiler."""
     if settings.profiler_cost:
-        trace.shared["profiler_costs"] = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
+        costs = ProfilerCosts.from_table(settings.profiler_cost, ProfilerCosts.default())
+        # Costs measured on a CPU alone (`run --calibrate-profiler --device cpu`) timed no launch and no GPU
+        # runtime call, on another machine than the GPU host: a GPU trace keeps the defaults (one such config
+        # made a GPU trace's 42% idle read 55%).
+        if trace.has_gpu and str(costs.measured_on.get("device", "")).lower() == "cpu":
+            trace.shared["profiler_costs_refused"] = "measured on a CPU, not applied to a GPU trace"
+        else:
+            trace.shared["profiler_costs"] = costs
     return summarize(trace, with_path)
 
 

@@ -149,23 +149,26 @@ def render_plan(doc: dict[str, Any]) -> str:
 
 # --- measuring --------------------------------------------------------------------------------------
 def measure(doc: dict[str, Any], *, steps: int, warmup: int, device: str, out_dir: Path, lint: bool,
-            max_sites: int | None, progress: Callable[[int], Any]) -> dict[str, Any]:
+            max_sites: int | None, progress: Callable[[int, str], Any]) -> dict[str, Any]:
     """Run each site's variants at its shapes (runner.run, one output directory and run.json per site), then the
-    verdicts. `progress(n)` gives the context manager that reports a site's n variants."""
+    verdicts. `progress(n, label)` gives the context manager that reports a site's n variants."""
     import orjson
 
     from attntrace.capture import runner
     from attntrace.compare import analyse_run
 
     measured = []
-    for site in doc["sites"][:max_sites]:
+    chosen = doc["sites"][:max_sites]
+    for site in chosen:
         if not site["variants"]:
             measured.append({"site": site, "report": None})
             continue
         folder = out_dir / f"site-{site['id']}"
         config = runner.RunConfig(tuple(site["variants"]), shape_of(site), site["dtype"], site["causal"],
                                   site["backward"], steps, warmup, device, folder)
-        with progress(len(config.variants)) as report_progress:
+        label = (f"site {site['id']} of {len(chosen)}: {describe(site)}, {len(config.variants)} variant(s) on "
+                 f"{device}")
+        with progress(len(config.variants), label) as report_progress:
             meta, results = runner.run(config, progress=report_progress)
         report = analyse_run(meta, [asdict(r) for r in results], lint=lint)
         report["site"] = site

@@ -55,15 +55,22 @@ def file_progress(paths: list[str]) -> Iterator[Callable[[str, int], None] | Non
 
 
 @contextmanager
-def run_progress(variants: int) -> Iterator[Callable[[str], None]]:
+def run_progress(variants: int, site: str | None = None) -> Iterator[Callable[[str], None]]:
     """The `run` runner's progress callback: a bar of variants on a terminal; elsewhere only the lines that
-    say a variant failed (they are diagnostics, not progress)."""
+    say a variant failed (they are diagnostics, not progress). For one site of `run --from-trace` (`site` says
+    which), elsewhere too a line per site and per variant as it starts: at a real model's shapes on a CPU a
+    variant takes minutes, and the command said nothing for 6m41s."""
     if not _terminal():
-        yield lambda line: print(line.strip(), file=sys.stderr) if not VARIANT_LINE.match(line) else None
+        if site is None:
+            yield lambda line: print(line.strip(), file=sys.stderr) if not VARIANT_LINE.match(line) else None
+            return
+        print(f"measuring {site}", file=sys.stderr, flush=True)
+        yield lambda line: print(f"  {line.strip()}", file=sys.stderr, flush=True)
         return
     from tqdm import tqdm
 
-    with tqdm(total=variants, desc="run", unit="variant", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+    desc = "run" if site is None else site.split(":")[0]
+    with tqdm(total=variants, desc=desc, unit="variant", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
 
         def advance(line: str) -> None:
             started = VARIANT_LINE.match(line)

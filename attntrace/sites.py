@@ -30,6 +30,7 @@ THIRD_PARTY = [
     (re.compile(r"^xformers(_flash3?)?::(efficient_attention_forward\w*|flash_fwd)$"), "xformers", "xformers"),
 ]
 FLEX_KERNEL = re.compile(r"^triton_tem_.*flex_(attention|decoding)")  # the template; pointwise kernels share the name
+FLEX = "flex"  # the backward name of a FlexAttention call: its template's backward kernel
 # The variant that runs what a site runs, by its SDPA backend (the CPU's flash is plain sdpa there): the
 # like-for-like row of a measurement.
 CURRENT = {"math": "sdpa_math", "flash": "sdpa_flash", "efficient": "sdpa_efficient", "cudnn": "sdpa_cudnn"}
@@ -67,6 +68,8 @@ class Call:
     roots: set[int] = field(default_factory=set)  # forward ops whose subtrees are the call
     backward: set[int] = field(default_factory=set)  # backward nodes autograd linked to them
     keys: set[tuple[str, str]] = field(default_factory=set)  # (rule, key) of the findings it is part of
+    # The op that runs this call's backward, by name, where no autograd flow links them (a compiled graph's)
+    backward_name: str | None = None
 
     @property
     def decode(self) -> bool:
@@ -132,6 +135,7 @@ class _Finder:
         for call in found:
             self._repeat_kv(call)
         self._link_backward(found)
+        self._pair_backward(found)
         return found
 
     # --- SDPA -------------------------------------------------------------------------------------
@@ -169,9 +173,14 @@ class _Finder:
             else:
                 causal, source = _mask_causal(mask, q[2], k[2])
             chain = " > ".join(trace.op_chain(op))
+            # The dtype the backend ran: under autocast the SDPA call records the inputs it was given (fp32 where a
+            # model upcast q and k, as Hugging Face's rotary embeddings do) and the backend op the cast ones.
+            ran = trace.op_input(backend_op)[1] if backend_op is not None and backend_op != op else None
+            dtype = str((ran or types)[0])
             call = Call("sdpa", f"sdpa ({backend})", CURRENT.get(backend, "sdpa"), op, step,
-                        q, k[1], k[2], DTYPES.get(str(types[0]), str(types[0])), causal, source, mask, dropout, gqa,
-                        op_chain=chain, roots={op})
+                        q, k[1], k[2], DTYPES.get(dtype, dtype), causal, source, mask, dropout, gqa,
+                        op_chain=chain, roots={op},
+                        backward_name=f"{names[backend_op]}_backward" if backend_op is not None else None)
             if backend == "math":
                 math_op = backend_op if backend_op is not None else op
                 device = trace.meta.device(trace.devices[0] if trace.devices else None)
@@ -293,7 +302,7 @@ class _Finder:
                               DTYPES.get(str(types[0]), str(types[0])), q[2] > 1,
                               "FlexAttention's block mask is not in the trace: assumed causal" if q[2] > 1
                               else "one query per sequence sees the whole cache", None,
-                              op_chain=" > ".join(trace.op_chain(op)), roots={op}))
+                              op_chain=" > ".join(trace.op_chain(op)), roots={op}, backward_name=FLEX))
         return calls
 
     def _third_party(self) -> list[Call]:
@@ -376,6 +385,30 @@ class _Finder:
                 op = todo.pop()
                 call.backward.update(backward_of.get(op, ()))
                 todo.extend(children.get(op, ()))
+
+    def _pair_backward(self, calls: list[Call]) -> None:
+        """A compiled graph's backward (torch.compile, FlexAttention) is one autograd node for the whole graph, so
+        no flow leads from an attention call to its backward op: pair them by name within a step, the backward
+        ops in reverse order of the forward calls (autograd runs them last call first)."""
+        unlinked = [call for call in calls if not call.backward and call.backward_name]
+        if not unlinked:
+            return
+        wanted = {call.backward_name for call in unlinked}
+        rows = self.trace.ops_stepped.filter(pl.col("step").is_not_null()
+                                             & (pl.col("name").is_in(wanted - {FLEX})
+                                                | (pl.col("name").str.contains(FLEX_KERNEL.pattern)
+                                                   & pl.col("name").str.contains("backward|bwd"))))
+        backward: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for op, name, step in rows.sort("ts", "idx").select("idx", "name", "step").iter_rows():
+            if not any(a in backward.get((FLEX if FLEX_KERNEL.match(name) else name, step), ())
+                       for a in self.trace.op_ancestors(op)[:-1]):
+                backward[(FLEX if FLEX_KERNEL.match(name) else name, step)].append(op)
+        forward: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        for call in sorted(unlinked, key=lambda c: c.op):
+            forward[(str(call.backward_name), call.step)].append(call)
+        for key, group in forward.items():
+            for call, op in zip(group, reversed(backward.get(key, [])), strict=False):
+                call.backward.add(op)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from attntrace.errors import TRACE_SUFFIXES, TraceError
+from attntrace.install import pip_install
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _GLOB = re.compile(r"[*?\[]")
@@ -76,7 +77,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as exc:
-        raise TraceError("unsupported", f"reading URLs needs fsspec: pip install 'attntrace[{extra}]'") from exc
+        raise TraceError("unsupported", f"reading URLs needs fsspec: {pip_install(extra)}") from exc
     options: dict[str, Any] = {}
     if protocol in ("http", "https"):
         import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
@@ -87,7 +88,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise TraceError("unsupported", f"{protocol}:// needs a package that is not installed "
-                         f"({scrub(str(exc))}): pip install 'attntrace[{extra}]'") from exc
+                         f"({scrub(str(exc))}): {pip_install(extra)}") from exc
     except ValueError as exc:
         raise TraceError("unsupported", f"{protocol}:// is not a protocol fsspec knows ({scrub(str(exc), url)})") \
             from exc

@@ -41,7 +41,13 @@ def read_processes() -> int:
         asked = 0
     if asked <= 0:
         asked = usable_cores() // max(1, CONCURRENT_JOBS)
-    return max(1, asked) if _main_is_guarded() else 1
+    return max(1, asked) if _main_is_guarded() and not _daemonic() else 1
+
+
+def _daemonic() -> bool:
+    """Whether this process is a daemonic worker (a Dask worker, a multiprocessing pool's worker): such a process
+    may not start children, so it decodes alone."""
+    return "multiprocessing" in sys.modules and bool(sys.modules["multiprocessing"].current_process().daemon)
 
 
 def read_workers(pieces: int) -> int:

@@ -92,4 +92,31 @@ def impact_problems(report: dict) -> list[str]:
                             f"{evidence['gpu_us_per_step']:.1f} us per step")
     problems += [f"{trace}: findings save {total:.0%} of the step" for trace, total in per_trace.items()
                  if total > 1.0 + 1e-3]
+    return problems + gpu_time_problems(report)
+
+
+def gpu_time_problems(report: dict) -> list[str]:
+    """Each GPU microsecond counted once: the causes' (top-level, not subsumed) GPU-time savings, and the GPU
+    time they claim (evidence.gpu_us_per_step), each add up to no more than the trace's GPU time in its busiest
+    step (all devices)."""
+    saved: dict[str, float] = {}
+    claimed: dict[str, float] = {}
+    for f in report["findings"]:
+        if "subsumed_by" in f or f["impact"].get("saving") != "gpu time":
+            continue
+        saved[f["trace"]] = saved.get(f["trace"], 0.0) + f["impact"]["gpu_us_per_step"]
+        claimed[f["trace"]] = claimed.get(f["trace"], 0.0) + (f["evidence"].get("gpu_us_per_step") or 0.0)
+    problems = []
+    for trace in report["traces"]:
+        summary = trace.get("summary") or {}
+        per_step: dict[Any, float] = {}
+        for row in summary.get("per_step") or []:
+            per_step[row["step"]] = per_step.get(row["step"], 0.0) + (row.get("gpu_busy_us") or 0.0)
+        steps = max(1, summary.get("steps") or 1)
+        busy = max(per_step.values(), default=(summary.get("gpu_busy_us") or 0.0) / steps)
+        for what, totals in (("save", saved), ("claim", claimed)):
+            total = totals.get(trace["path"], 0.0)
+            if total > busy * 1.001 + 0.5:
+                problems.append(f"{trace['path']}: findings {what} {total:.0f} us of GPU time per step, the busiest "
+                                f"step has {busy:.0f}")
     return problems

@@ -114,4 +114,6 @@ def test_html_without_the_extra_is_a_one_line_error(monkeypatch: pytest.MonkeyPa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
     result = CliRunner().invoke(main, ["lint", NAIVE, "--format", "html"])
-    assert result.exit_code == 2 and "attntrace[html]" in result.stderr and result.stderr.count("\n") == 1
+    from attntrace.install import pip_install
+
+    assert result.exit_code == 2 and pip_install("html") in result.stderr and result.stderr.count("\n") == 1

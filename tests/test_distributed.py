@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import need, sample
+from conftest import DATA, need, sample
 
-from attntrace import engine
+from attntrace import engine, workers
 from attntrace.catalog import load_rules
 from attntrace.cli import main
 from attntrace.distributed import runner
@@ -63,6 +63,19 @@ def test_a_cluster_gives_the_local_report_byte_for_byte(cluster: Any, traces: Pa
     assert [Path(t["path"]).name for t in report["traces"]] == ["broken.json", *(f"trace{i}.pt.trace.json.gz"
                                                                                  for i in range(4))]
     assert report["findings"] and clustered[0] == 2  # the broken trace is an error, the others are analysed
+
+
+def test_a_trace_big_enough_for_the_parallel_decode_gives_the_local_report(cluster: Any) -> None:
+    """A Dask worker is a daemonic process, which may not start the decode's worker processes: it decodes alone
+    (before, every trace over about 1 MB gzipped was `internal error (daemonic processes are not allowed to have
+    children)`)."""
+    if workers.read_workers(workers.PARALLEL_MIN_PIECES) < 2:
+        pytest.skip("one usable core: no parallel decode to compare with")
+    big = str(DATA / "hta_trace_diff_v100.json.gz")  # 32 MB of JSON: pieces decoded by several processes here
+    local = _lint([big])
+    clustered = _lint([big, "--scheduler", cluster.scheduler_address])
+    assert clustered == local
+    assert orjson.loads(local[1])["traces"][0]["error"] is None
 
 
 def test_standard_input_is_read_by_the_client(cluster: Any, traces: Path) -> None:

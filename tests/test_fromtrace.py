@@ -369,6 +369,13 @@ def test_measure_a_cpu_trace_at_its_shapes(tmp_path: Path):
     assert (out / "site-1" / "sdpa.pt.trace.json.gz").is_file()
     assert "site 1: your eager (unfused): " in result.stdout and "whole step: attention takes" in result.stdout
     assert "variant" in result.stdout and "timed ms/fwd+bwd" in result.stdout
+    # Minutes of CPU work at a real model's shapes said nothing: each site and variant is announced on stderr,
+    # and the CPU's timings are called what they are.
+    assert result.stderr.splitlines() == [
+        "measuring site 1 of 1: B=1 H=4 KV heads=2 S=48 D=64 | fp32 | causal | mask [1, 1, 48, 48] | repeat_kv "
+        "copies | fwd+bwd, 3 variant(s) on cpu",
+        "  [1/3] naive", "  [2/3] sdpa", "  [3/3] sdpa_flash"]
+    assert "note: CPU timings at these sizes are noise (profiler x " in result.stdout
 
 
 def test_a_shape_too_large_for_float64_is_checked_on_a_reduced_copy():
@@ -385,3 +392,49 @@ def test_a_shape_too_large_for_float64_is_checked_on_a_reduced_copy():
     decode = reduced_for_check(Shape(64, 32, 65536, 128, 8, query_len=1), "cpu")
     # One query per sequence: one batch and one KV group already fit, so the cache keeps its length.
     assert (decode.batch, decode.heads, decode.q_len, decode.kv_len, decode.n_kv_heads) == (1, 4, 1, 65536, 1)
+
+
+def test_autocast_reports_the_dtype_the_backend_ran():
+    """Under bf16 autocast with q and k upcast to fp32 (as Hugging Face's rotary embeddings do), the SDPA call
+    records fp32 inputs and its backend op the bf16 ones it ran (tests/data/cpu_training/, a real CPU capture by
+    bench/capture_training_cpu.py)."""
+    site = only_site(ROOT / "tests" / "data" / "cpu_training" / "autocast_sdpa_train.pt.trace.json.gz")
+    assert (site["dtype"], site["backward"]) == ("bf16", True)
+
+
+def test_compiled_training_counts_the_backward_of_its_attention():
+    """torch.compile's backward is one autograd node for the graph: no flow leads from the cuDNN forward to its
+    backward op, which is paired by name. The site's GPU time is then that of the eager ViT's same training
+    step (heldout/vit_small_train), not the forward alone."""
+    compiled = only_site(SAMPLES / "compiled" / "vit_small_train_compiled.shapes_stack.pt.trace.json.gz")
+    eager = only_site(SAMPLES / "heldout" / "vit_small_train.shapes.pt.trace.json.gz")
+    assert compiled["backward"] and compiled["backward_gpu_us_per_step"] > 0
+    assert compiled["gpu_us_per_step"] == pytest.approx(eager["gpu_us_per_step"], rel=0.05)
+
+
+def test_flex_attention_training_counts_its_backward_kernel(tmp_path: Path):
+    """A FlexAttention training step: the flex sample with, after each forward, the template's backward kernel
+    launched as compiled code launches it (a launch op of the kernel's name, no autograd flow)."""
+    doc = read_json(SAMPLES / "bf16_causal_fwd" / "flex.pt.trace.json.gz")
+    forward = [e for e in doc["traceEvents"] if e.get("name") == "triton_tem_fused_flex_attention_0"]
+    added = []
+    for event in forward:
+        back = copy.deepcopy(event)
+        back["name"] = back["args"]["kernel_name"] = "triton_tem_fused_flex_attention_backward_1"
+        own = event["args"]["External id"]  # launch op, launch and kernel of one forward share it
+        back["args"]["External id"] = 90000 + own
+        if event.get("cat") == "cpu_op":  # just after the forward's launch op, in the same step
+            back["ts"], back["dur"] = event["ts"] + event["dur"] + 0.5, 2.0
+            launch = next(e for e in doc["traceEvents"] if e.get("cat") == "cuda_driver"
+                          and e["args"].get("External id") == event["args"]["External id"])
+            launch = copy.deepcopy(launch)
+            launch["ts"], launch["dur"] = back["ts"] + 0.2, 1.0
+            launch["args"].update({"External id": 90000 + own, "correlation": 990000 + own})
+            added.append(launch)
+        else:  # the kernel, after the forward's
+            back["ts"] = event["ts"] + event["dur"] + 1.0
+            back["args"]["correlation"] = 990000 + own
+        added.append(back)
+    doc["traceEvents"].extend(added)
+    site = only_site(write_json(doc, tmp_path / "flex_train.json"))
+    assert site["backward"] and site["backward_gpu_us_per_step"] > 0

@@ -313,22 +313,50 @@ def test_calibrate_profiler_writes_the_costs_where_lint_reads_them(tmp_path, mon
     project.write_text('[project]\nname = "x"\n\n[tool.attntrace.profiler_cost]\ncpu_op_us = 99.0\n'
                        '[tool.attntrace.profiler_cost.measured_on]\nhost = "old"\n\n[tool.other]\na = 1\n')
     monkeypatch.chdir(tmp_path)
-    result = invoke("run", "--calibrate-profiler", "--device", "cpu")
+    result = invoke("run", "--calibrate-profiler", "--device", "cpu", "--write")
     assert result.exit_code == 0, result.output
+    assert f"written to {project}" in result.output and "lint applies them to CPU traces only" in result.output
     text = project.read_text()
     assert text.startswith('[project]\nname = "x"\n') and "[tool.other]\na = 1\n" in text
     assert text.count("[tool.attntrace.profiler_cost]") == 1 and "99.0" not in text and '"old"' not in text
     # Measured on the CPU alone, no launch was timed: no launch time is written to scale GPU traces by (one from the
     # op loop, 1.1 us, scaled every GPU trace 3x), and lint says whose costs its estimate used.
     assert "launch_call_us" not in text
-    linted = orjson.loads(invoke("lint", calibration("tiny_ops.plain"), "--format", "json", "--select", "AT402",
+    # Nor are a CPU's costs applied to a GPU trace at all: it keeps the defaults, and says why.
+    gpu_trace = calibration("tiny_ops.plain")
+    linted = orjson.loads(invoke("lint", gpu_trace, "--format", "json", "--select", "AT402",
                                  "--fail-on", "never").stdout_bytes)
-    assert linted["traces"][0]["summary"]["profiler"]["host_factor"] == 1.0
+    project.write_text('[project]\nname = "x"\n')
+    default = orjson.loads(invoke("lint", gpu_trace, "--format", "json", "--select", "AT402",
+                                  "--fail-on", "never").stdout_bytes)
+    assert linted["traces"][0]["summary"]["profiler"]["est_step_us"] == \
+        default["traces"][0]["summary"]["profiler"]["est_step_us"]
+    assert linted["traces"][0]["summary"]["profiler"]["costs_from"] == (
+        "defaults (attntrace/profiler_cost.toml); the config's were measured on a CPU, not applied to a GPU trace")
     (idle,) = linted["findings"]
-    assert "the config's [tool.attntrace.profiler_cost]" in idle["impact"]["assumption"]
+    assert "the config's were measured on a CPU, not applied to a GPU trace" in idle["impact"]["assumption"]
+    project.write_text(text)
     costs = read_config_file(project)["profiler_cost"]
     assert set(costs) == {*ProfilerCosts.__dataclass_fields__} - {"launch_call_us"}
     assert costs["measured_on"]["device"] == "cpu" and costs["measured_on"]["loops"]["cpu_op_us"] > 0
+
+
+def test_calibrate_profiler_writes_nothing_unless_asked(tmp_path, monkeypatch):
+    """It wrote the current directory's pyproject.toml (or created one) unasked: without --write it prints the
+    costs and says where --write would put them. (The measurement is the one the test above makes; here only
+    what the command does with its result matters, so this one is taken from a measurement's shape.)"""
+    pytest.importorskip("torch")
+    from attntrace.capture import profiler_cost
+
+    measured = {"costs": {"cpu_op_us": 2.0}, "loops": {"cpu_op_us": 1.0},
+                "measured_on": {"host": "here", "device": "cpu"}}
+    monkeypatch.setattr(profiler_cost, "measure", lambda device: measured)
+    monkeypatch.chdir(tmp_path)
+    shown = invoke("run", "--calibrate-profiler", "--device", "cpu")
+    assert shown.exit_code == 0, shown.output
+    assert not (tmp_path / "pyproject.toml").exists() and "[tool.attntrace.profiler_cost]" in shown.output
+    assert f"not written: add --write to put them into {tmp_path / 'pyproject.toml'}" in shown.output
+    assert invoke("run", "--write").exit_code == 2  # --write alone is a usage error
 
 
 def test_calibrate_profiler_on_a_machine_without_cuda_refuses_cuda(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import jsonschema
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import sample
+from conftest import DATA, sample
 
 from attntrace.cli import main
 from attntrace.ranks import spans
@@ -123,3 +123,13 @@ def test_the_python_api_groups_ranks_as_the_cli_does(job: Path) -> None:
     assert report.to_json() == cli.stdout and "job" in orjson.loads(cli.stdout)
     causes = orjson.loads(cli.stdout)["findings"]
     assert report.to_polars().height == len(causes) + sum(len(f.get("consequences", ())) for f in causes)
+
+
+def test_one_cause_on_ranks_that_use_different_gpu_indices_is_one_finding() -> None:
+    """HTA's trace_filter job: rank 0 ran on cuda:0, rank 1 on cuda:1. The device index was part of AT402's
+    identity, so its one idle-GPU cause came out twice, "on 1 of 2 ranks (missing on 1)" and "(missing on 0)"."""
+    code, report, _ = _lint(str(DATA / "hta_trace_filter"), "--fail-on", "never", "--group", "ranks")
+    assert code == 0 and report["job"]["ranks"] == 2
+    (idle,) = [f for f in report["findings"] if f["rule"] == "AT402"]
+    assert idle["ranks"]["on"] == 2 and idle["ranks"]["missing"] == []
+    assert idle["message"].endswith("[on 2 of 2 ranks]")

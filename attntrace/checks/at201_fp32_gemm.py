@@ -22,7 +22,7 @@ FIXES["sdpa-math-upcast-backward"] = FIXES["sdpa-math-upcast"]
 FIXES["fp32-convolution"] = ("Run the convolutions in bf16/fp16 under `torch.autocast('cuda', dtype=torch.bfloat16)` "
                              "with `channels_last` memory format, and keep `torch.backends.cudnn.allow_tf32 = True` "
                              "(PyTorch's default) so that cuDNN may pick TF32 tensor-core algorithms.")
-FIXES["unknown"] = FIXES["fp32-inputs"]
+FIXES["unknown"] = FIXES["sdpa-math-fp32"] = FIXES["fp32-inputs"]
 CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convolution", "aten::conv2d",
                "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
 # cuBLAS's matrix-vector kernels (gemv2N, gemv2T, gemvx: a batch-1 Linear) are bound by memory: neither tensor
@@ -53,8 +53,10 @@ def _cause(ctx: Context, op: int | None, math_dtype: str | None, no_tf32: bool) 
             if low:
                 dtype = low[0].removeprefix("c10::")
                 return "sdpa-math-upcast", f"the SDPA math backend upcast {dtype} q/k/v to fp32"
-            return "fp32-inputs", ("SDPA math ran on fp32 inputs" if no_tf32 else
-                                   "SDPA math ran on fp32 inputs with TF32 off")
+            # A cause of its own, apart from the model's other fp32 GEMMs: AT202 claims the math backend's GPU
+            # time, this one finding is then its consequence (one finding with both counted these GEMMs twice).
+            return "sdpa-math-fp32", ("SDPA math ran on fp32 inputs" if no_tf32 else
+                                      "SDPA math ran on fp32 inputs with TF32 off")
     types = ctx.op_types(op)
     if types and all(t in ("float", "Scalar", "") for t in types):
         return "fp32-inputs", ("fp32 inputs (this GPU has no TF32)" if no_tf32 else "fp32 inputs with TF32 off")

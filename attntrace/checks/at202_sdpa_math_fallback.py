@@ -118,6 +118,18 @@ def _reason(ctx: Context, sdpa_op: int | None, math_op: int, device: dict[str, A
                          "limits. PyTorch's warning at the first call names the reason")
 
 
+def _fix_variant(ctx: Context, math_op: int) -> str | None:
+    """Which of a framework's fixes fits the call (rules/frameworks.toml, "AT202.mask" and "AT202.fp32"): one
+    about its mask only where the call has one (Hugging Face's fix told a call with is_causal=True and no mask to
+    stop passing a mask), one about the dtype where the inputs are fp32; else the plain PyTorch fix alone."""
+    parent = ctx.trace.op_parent[math_op]
+    sdpa_op = parent if parent is not None and ctx.trace.op_names[parent] == SDPA else math_op
+    dims, types, _ = ctx.trace.op_input(sdpa_op)
+    if dims and len(dims) > 3 and isinstance(dims[3], list) and dims[3]:
+        return "mask"
+    return "fp32" if types and types[0] == "float" else None
+
+
 def check(ctx: Context) -> list[dict[str, Any]]:
     names = ctx.trace.op_names
     maths = ctx.trace.ops_stepped.filter(pl.col("step").is_not_null() & (pl.col("name") == MATH))
@@ -149,5 +161,6 @@ def check(ctx: Context) -> list[dict[str, Any]]:
             gpu_us_per_step=us_per_step * (1 - 1 / speedup),
             assumption=f"if a fused backend runs these calls {speedup:g}x faster than math",
             fix=FIXES[reason],
+            fix_variant=_fix_variant(ctx, hits[0][0]),
         ))
     return point_to_measurement(ctx, findings)

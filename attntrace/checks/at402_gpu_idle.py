@@ -231,10 +231,14 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
             if wall_us is not None:
                 message += f"; with {whatif}, the step would take ~{fmt_ms(wall_us)} less (wall time, replayed)"
     # The costs the replay used: a config's (run --calibrate-profiler) or the defaults.
+    refused = ctx.trace.shared.get("profiler_costs_refused")
     costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
-                  else "attntrace/profiler_cost.toml")
+                  else "attntrace/profiler_cost.toml" + (f"; the config's were {refused}" if refused else ""))
     return ctx.finding(
         key=f"gpu-idle|{device}",
+        # The device index is where a rank's GPU sits in its host (rank 1 on cuda:1): not part of what the finding
+        # is, unless this one process drives several devices. (The fingerprint keeps it, so baselines still match.)
+        identity_key=f"gpu-idle|{device}" if len(ctx.trace.devices) > 1 else "gpu-idle",
         device=device,
         severity="info" if profiler_only or share_range is not None else None,
         message=message,

@@ -174,24 +174,27 @@ class Context:
         _, types, _ = self.trace.op_input(op)
         return [t for t in types or [] if isinstance(t, str)]
 
-    def _framework_fix(self, op: int | None) -> tuple[str, str] | None:
+    def _framework_fix(self, op: int | None, variant: str | None = None) -> tuple[str, str] | None:
         """(framework, its fix for this rule) when the op's Python stack runs through a framework of
         rules/frameworks.toml that has one; for no op, when the trace's stacks do, or its ops name the framework
-        (a compiled program recorded without with_stack is still compiled)."""
+        (a compiled program recorded without with_stack is still compiled). A fix of the finding's variant
+        ("RULE.variant", e.g. an SDPA call with a mask) comes before the rule's own."""
         files = self.trace.stack_files(op)
         ops = self.trace.ops["name"]
         for framework in load_frameworks():
-            if self.rule.id not in framework.fixes:
+            text = (variant and framework.fixes.get(f"{self.rule.id}.{variant}")) or framework.fixes.get(self.rule.id)
+            if text is None:
                 continue
             if any(framework.match.search(f) for f in files) or (
                     op is None and framework.ops is not None and ops.str.contains(framework.ops.pattern).any()):
-                return framework.name, framework.fixes[self.rule.id]
+                return framework.name, text
         return None
 
     def finding(self, *, key: str, message: str, where: dict[str, Any], evidence: dict[str, Any],
                 gpu_us_per_step: float, fix: str, severity: str | None = None, op: int | None = None,
                 device: int | None = None, saving: str = GPU_TIME, assumption: str | None = None,
                 step_us: float | None = None, framework_fix: bool = True,
+                fix_variant: str | None = None, identity_key: str | None = None,
                 wall_us_per_step: float | None = None, whatif: str | None = None) -> dict[str, Any]:
         """A finding. Its `identity` hashes the rule and a key made of names only (op chain, kernel), never
         timings, so it survives re-captures of the same program; its `fingerprint` adds the trace's identity
@@ -204,18 +207,22 @@ class Context:
         rests on one is rounded to two significant figures. Without an explicit severity, it is the rule's when
         the saving reaches the rule's min_saving_share of the step, else info: a warning promises a saving worth
         acting on. A framework's own fix (rules/frameworks.toml) comes first unless framework_fix is False (a
-        finding that says there is nothing to fix).
+        finding that says there is nothing to fix); `fix_variant` picks a framework's fix for this kind of
+        finding where it has one; `identity_key`, where given, makes the identity instead of `key` (a key part
+        that tells findings of one trace apart but not the same cause on two ranks).
 
         `wall_us_per_step`, where the rule replayed its fix (Trace.whatif; `whatif` names the change), is what the
         step itself would lose: what leaves its critical path. The severity then follows it, not the GPU time.
         """
-        identity = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
+        keyed = hashlib.sha256(f"{self.rule.id}|{key}".encode()).hexdigest()[:16]
+        identity = keyed if identity_key is None else \
+            hashlib.sha256(f"{self.rule.id}|{identity_key}".encode()).hexdigest()[:16]
         label = self.trace.label or trace_label(self.trace.path, (), self.trace.meta.rank)
-        digest = hashlib.sha256(f"{identity}|{label}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{keyed}|{label}".encode()).hexdigest()[:16]
         source = self.trace.source_of(op)
         if source:
             where = {**where, "source": source}
-        framework = self._framework_fix(op) if framework_fix else None
+        framework = self._framework_fix(op, fix_variant) if framework_fix else None
         if framework:
             name, text = framework
             where = {**where, "framework": name}

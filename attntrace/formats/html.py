@@ -9,9 +9,10 @@ import math
 from typing import Any
 
 from attntrace.formats.text import impact_text
+from attntrace.install import pip_install
 from attntrace.ranks import render_job
 
-MISSING_EXTRA = "the HTML report needs plotly: pip install 'attntrace[html]'"
+MISSING_EXTRA = f"the HTML report needs plotly: {pip_install('html')}"
 COLOURS = {"attention": "#2e7d32", "GEMM tensor-core": "#1565c0", "GEMM FP32": "#c62828", "GEMM other": "#6a1b9a",
            "elementwise": "#f9a825", "Triton": "#00838f", "copies": "#ef6c00", "communication": "#5d4037",
            "other": "#757575", "idle": "#e0e0e0"}

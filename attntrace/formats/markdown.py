@@ -25,7 +25,8 @@ def render(report: dict[str, Any]) -> str:
     counts = report["summary"]["findings"]
     nested = report["summary"].get("consequences", 0)
     out = [f"## attntrace: {counts['error']} error, {counts['warning']} warning, {counts['info']} info "
-           f"in {report['summary']['traces']} trace(s)" + (f" ({nested} consequences inside)" if nested else ""),
+           f"in {report['summary']['traces']} trace(s)"
+           + (f" ({nested} consequence{'s' * (nested != 1)} inside)" if nested else ""),
            ""]
     rows = []
     for t in report["traces"]:

@@ -1,5 +1,5 @@
-"""`lint --format parquet`: one row per finding per trace, for a fleet dashboard. The columns are a stable
-contract (README): add columns, never rename or retype them."""
+"""`lint --format parquet`: one row per cause and per consequence of each trace, for a fleet dashboard. The
+columns are a stable contract (README): add columns, never rename or retype them."""
 
 from __future__ import annotations
 

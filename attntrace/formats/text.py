@@ -103,8 +103,12 @@ def render(report: dict[str, Any], colour: bool) -> str:
             # One job: a line per rank would bury the verdict; its findings follow once, below.
             out += [f"{style(path, bold=True)}: note: {note}" for note in summary.get("notes") or []]
             continue
-        head = f"{style(path, bold=True)}  ({trace['device'] or 'CPU only'}, {trace['steps'] or 'no'} steps"
-        head += f", attention: {', '.join(summary.get('attention_backends') or []) or 'none found'})"
+        steps = _count(trace["steps"], "step") if trace["steps"] else "no steps"
+        head = f"{style(path, bold=True)}  ({trace['device'] or 'CPU only'}, {steps}"
+        # An unfused chain is attention too: "none found" beside AT102's unfused-attention finding contradicted it.
+        backends = summary.get("attention_backends") or (
+            ["unfused (AT102)"] if any(f["rule"] == "AT102" for f in found) else [])
+        head += f", attention: {', '.join(backends) or 'none found'})"
         out.append(head)
         for note in summary.get("notes") or []:
             out.append(f"  note: {note}")
@@ -132,5 +136,9 @@ def render(report: dict[str, Any], colour: bool) -> str:
     nested = report["summary"].get("consequences", 0)
     out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; causes: "
                f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info"
-               + (f" ({nested} consequences inside them)" if nested else ""))
+               + (f" ({_count(nested, 'consequence')} inside them)" if nested else ""))
     return "\n".join(out) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

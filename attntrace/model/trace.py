@@ -275,7 +275,8 @@ class Trace:
         """Where the replay's per-event costs come from, as summary and AT402 name it."""
         if isinstance(self.shared.get("profiler_costs"), ProfilerCosts):
             return "config"
-        return "defaults (attntrace/profiler_cost.toml)"
+        refused = self.shared.get("profiler_costs_refused")
+        return "defaults (attntrace/profiler_cost.toml)" + (f"; the config's were {refused}" if refused else "")
 
     @property
     def steady_steps(self) -> list[int]:
