@@ -21,6 +21,7 @@ import bisect
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import resources
 from operator import itemgetter
 from typing import Any
@@ -157,7 +158,7 @@ class Replay:
         counts = list(self.events_by_device.values())
         return {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]} if counts else {}
 
-    @property
+    @cached_property  # asked by summary and several rules (the table never changes)
     def working(self) -> pl.DataFrame:
         """The steps that ran GPU work, on each device where any did (Trace.steps_per_process counts the same): a
         step with none (a trailing ProfilerStep around nothing, 49 us of a 9 ms loop) is no step of the program."""
@@ -173,7 +174,7 @@ class Replay:
                              "call_us": [c.runtime_call_us for c in costs]},
                             schema={"device": pl.Int64, "op_us": pl.Float64, "call_us": pl.Float64})
 
-    @property
+    @cached_property
     def steady(self) -> pl.DataFrame:
         """The steps that ran at the device's steady pace: at most STEADY_RATIO times the shortest recorded step
         that ran GPU work, and only steps that ran some where any did.
