@@ -32,6 +32,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def entry() -> None:
+    from attntrace.allocator import return_freed_pages_sooner
+
+    return_freed_pages_sooner()  # before polars is loaded, here or in the server that forks the workers
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, _interrupted)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:

@@ -9,6 +9,7 @@ linked like the original and the steps continue one after another (ProfilerStep#
 written in PyTorch's compact layout (`},{`, no whitespace) and, with --layout indented, two-space indented.
 
 Run: python bench/bench_read.py [--mb 210] [--layout compact|indented] [--lean] [--repeats 3] [--source TRACE] [--curve]
+     [--cpu]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from process_cost import whole_tree_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_SOURCE = Path("/work/shared/corpus/wild/pytorch__kineto/tb_plugin/samples/resnet50_num_workers_0/"
@@ -166,6 +168,9 @@ def main() -> None:
     parser.add_argument("--only-curve", action="store_true", help="the read stage's curve alone (implies --curve)")
     parser.add_argument("--curve", action="store_true", help="time the read stage (read + decode + tables) with 1, "
                         "2, 4, ... processes up to the cores here (ATTNTRACE_READ_WORKERS)")
+    parser.add_argument("--cpu", action="store_true", help="also the CPU time (user + system) of the whole process "
+                        "tree, read workers included, of lint and of the bare orjson.loads: the figure to compare on "
+                        "a machine that is not quiet, where wall times are not")
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
@@ -212,6 +217,14 @@ def main() -> None:
                   f"{peak / size:.2f}x the file, {wall / bare:.2f}x orjson.loads   "
                   f"(issue 26's goals: >= {250 if args.layout == 'indented' else 200} MB/s, peak <= 2x the file, "
                   "<= 0.8x orjson.loads)")
+        if args.cpu:
+            cpu_of = {what: min(whole_tree_cost(argv, cwd=RUN.get("cwd"), env=RUN.get("env")).cpu
+                                for _ in range(args.repeats))
+                      for what, argv in (("lint", [PYTHON, "-m", "attntrace", "lint", str(big), "--format", "json",
+                                                   "--output", os.devnull, "--fail-on", "never", "--jobs", "1"]),
+                                         ("orjson", [PYTHON, "-c", ORJSON, str(big)]))}
+            print(f"  CPU (whole process tree, least of {args.repeats}): lint {cpu_of['lint']:.2f} s, bare "
+                  f"orjson.loads process {cpu_of['orjson']:.2f} s = {cpu_of['lint'] / cpu_of['orjson']:.2f}x")
         if args.curve:
             read_curve(big, args.repeats)
         if not args.no_stages:

@@ -17,13 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
+from conftest import sample
 
 from attntrace.loading import load
+from attntrace.model import _engulfing_ops
 from attntrace.model.trace import MAX_OP_DEPTH
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_traces/workloads/gpt2_eager_train.pt.trace.json.gz"
+NAIVE = sample("bf16_causal_fwd/naive")
 T0 = 1_000_000.0
 # A child that lints a small trace holds about 130 MB (the interpreter, polars, the tables); the traces below made
 # the old code take 1-2 GB.
@@ -142,3 +146,59 @@ def test_op_chains_of_real_traces_are_whole() -> None:
     for path in sorted((ROOT / "sample_traces/workloads").glob("*.pt.trace.json.gz")):
         trace = load(str(path))
         assert max(len(trace.op_ancestors(op)) for op in range(trace.ops.height)) < MAX_OP_DEPTH // 4
+
+
+def _frozen_ops(count: int) -> pl.DataFrame:
+    """The aten ops of the naive sample's thread, and `count` more at one start with one duration around them all
+    (a clock that stopped: every one of them spans the whole thread, and each holds all the others)."""
+    ops = load(NAIVE).ops.select("idx", "name", "pid", "tid", "ts", "dur", "end")
+    pid, tid = ops.row(0, named=True)["pid"], ops.row(0, named=True)["tid"]
+    first, last = ops["ts"].min(), ops["end"].max()
+    frozen = pl.DataFrame({"idx": range(ops.height, ops.height + count), "name": ["aten::empty"] * count,
+                           "pid": [pid] * count, "tid": [tid] * count, "ts": [first - 1.0] * count,
+                           "dur": [last - first + 2.0] * count, "end": [last + 1.0] * count}, schema=ops.schema)
+    return pl.concat([ops, frozen])
+
+
+def test_ops_with_one_window_are_one_note_counted_without_a_pass_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: the note on ops that span their whole thread counted the ops inside each such op with a filter of
+    its thread; when a thread's ops share one time and duration, every op is such an op (20k at one ts: 13 s of
+    CPU). The passes over the table no longer grow with the ops that tie, and ops of one name and window are one
+    note whose count is the one each of them had alone."""
+    filters: list[int] = []
+    real_filter = pl.DataFrame.filter
+    monkeypatch.setattr(pl.DataFrame, "filter", lambda self, *a, **k: filters.append(1) or real_filter(self, *a, **k))
+    passes, notes = {}, {}
+    for count in (3, 300):
+        ops = _frozen_ops(count)
+        filters.clear()
+        notes[count] = _engulfing_ops(ops)
+        passes[count] = len(filters)
+    assert passes[300] == passes[3]
+    for count in (3, 300):
+        aten = _frozen_ops(count).filter(pl.col("name").str.starts_with("aten::")).height
+        assert notes[count] == [f"{count} aten::empty ops span the whole of its thread's recorded time with {aten - 1} "
+                                "aten ops inside it (a broken duration?): ops inside an aten op are read as its "
+                                "implementation"]
+
+
+def test_ops_inside_wide_ops_are_counted_like_one_filter_each() -> None:
+    """The counts from sorted starts and ends agree with the filter they replace, on wide ops that nest, tie and
+    cross: ties in start, in end and in both."""
+    ops = _frozen_ops(2)
+    first, last = ops["ts"].min(), ops["end"].max()
+    base = ops.height
+    extra = [(first - 1.0, last + 1.0), (first - 2.0, last + 1.0), (first - 1.0, last + 3.0), (first - 3.0, last + 3.0),
+             (first, last - 1.0), (first + 1.0, last + 2.0)]
+    pid, tid = ops.row(0, named=True)["pid"], ops.row(0, named=True)["tid"]
+    ops = pl.concat([ops, pl.DataFrame(
+        {"idx": range(base, base + len(extra)), "name": [f"aten::wide{i}" for i in range(len(extra))],
+         "pid": [pid] * len(extra), "tid": [tid] * len(extra), "ts": [s for s, _ in extra],
+         "dur": [e - s for s, e in extra], "end": [e for _, e in extra]}, schema=ops.schema)])
+    aten = ops.filter(pl.col("name").str.starts_with("aten::") & (pl.col("pid") == pid) & (pl.col("tid") == tid))
+    expected = []
+    for idx, name, ts, end in aten.filter(pl.col("idx") >= base).select("idx", "name", "ts", "end").iter_rows():
+        inside = aten.filter((pl.col("ts") >= ts) & (pl.col("end") <= end) & (pl.col("idx") != idx)).height
+        expected.append(f"{name} spans the whole of its thread's recorded time with {inside} aten ops inside it")
+    notes = [note.split(" (a broken")[0] for note in _engulfing_ops(ops)]
+    assert notes[1:] == expected and notes[0].startswith("2 aten::empty ops span")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -53,6 +53,7 @@ class Context:
     rule: Rule
     params: dict[str, Any]
     severity: str
+    _means: dict[str, dict[int, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @cached_property
     def steps(self) -> pl.DataFrame:
@@ -139,8 +140,17 @@ class Context:
         chosen = sorted({int(d) for d in devices if d is not None})
         if not chosen:
             return self._largest_device_mean(column)
-        means = self.steps.filter(pl.col("device").is_in(chosen)).group_by("device").agg(pl.col(column).mean())
-        return float(means[column].mean()) if means.height else self._largest_device_mean(column)
+        means = self._device_means(column)
+        known = [means[d] for d in chosen if d in means]
+        return float(pl.Series(known, dtype=pl.Float64).mean()) if known else self._largest_device_mean(column)
+
+    def _device_means(self, column: str) -> dict[int, float]:
+        """Each device's mean of a step-table column, once per column (a rule asks for each of its findings)."""
+        cached = self._means.get(column)
+        if cached is None:
+            rows = self.steps.filter(pl.col("device").is_not_null()).group_by("device").agg(pl.col(column).mean())
+            cached = self._means[column] = {int(d): float(m) for d, m in rows.iter_rows() if m is not None}
+        return cached
 
     def share_of_gpu(self, us_per_step: float, devices: Iterable[Any] = ()) -> float:
         """A per-step GPU time's share of the GPU time per step of the devices it ran on (gpu_us_of)."""

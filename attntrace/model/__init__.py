@@ -63,22 +63,72 @@ ENGULFING_OPS = 50
 
 def _engulfing_ops(ops: pl.DataFrame) -> list[str]:
     """Notes for aten ops that span 90% or more of their thread's events and hold ENGULFING_OPS other aten ops:
-    one such op (a hand-edited `dur`) made AT102 find nothing, without a word."""
-    aten = ops.filter(pl.col("name").str.starts_with("aten::"))
+    one such op (a hand-edited `dur`) made AT102 find nothing, without a word. Ops with one name and one window
+    get one note. The ops inside a window are counted from the thread's sorted starts and ends, not by a filter
+    per wide op: every op of a thread whose ops share one time is wide (issue 43: 20k such ops took 13 s)."""
+    aten = ops.filter(pl.col("name").str.starts_with("aten::")).select("idx", "name", "pid", "tid", "ts", "dur",
+                                                                           "end")
     if aten.height <= ENGULFING_OPS:
         return []
     span = aten.group_by("pid", "tid").agg(pl.col("ts").min().alias("first"), pl.col("end").max().alias("last"))
     wide = (aten.join(span, on=["pid", "tid"], how="inner", nulls_equal=True)
-            .filter(pl.col("dur") >= 0.9 * (pl.col("last") - pl.col("first")))
-            .select("idx", "name", "pid", "tid", "ts", "end").sort("idx"))
-    notes = []
-    for idx, name, pid, tid, ts, end in wide.iter_rows():
-        inside = aten.filter((pl.col("pid") == pid) & (pl.col("tid") == tid) & (pl.col("ts") >= ts)
-                             & (pl.col("end") <= end) & (pl.col("idx") != idx)).height
-        if inside >= ENGULFING_OPS:
-            notes.append(f"{name} spans the whole of its thread's recorded time with {inside} aten ops inside it "
-                         "(a broken duration?): ops inside an aten op are read as its implementation")
-    return notes
+            .filter(pl.col("dur") >= 0.9 * (pl.col("last") - pl.col("first"))))
+    if wide.is_empty():
+        return []
+    threads = aten.partition_by("pid", "tid", as_dict=True)
+    found: list[tuple[int, str]] = []
+    for key, thread_wide in wide.partition_by("pid", "tid", as_dict=True).items():
+        mine = threads[key]
+        windows = (thread_wide.group_by("ts", "end").agg(pl.len().alias("ops"))
+                   .sort("ts", pl.col("end"), descending=[False, True]))
+        # Ops of the thread that start at or after a window and end at or before it: all of them, less those that
+        # start before it, less those that end after it, plus those that do both (they hold the window, so they
+        # are wide: counted among the windows), less the op itself.
+        starts, ends = mine["ts"].sort(), mine["end"].sort()
+        before = starts.search_sorted(windows["ts"], side="left").cast(pl.Int64)
+        after = mine.height - ends.search_sorted(windows["end"], side="right").cast(pl.Int64)
+        holding = _holding(windows["ts"].to_list(), windows["end"].to_list(), windows["ops"].to_list())
+        counted = windows.with_columns(
+            (mine.height - before - after + pl.Series(holding, dtype=pl.Int64) - 1).alias("inside"))
+        named = (thread_wide.join(counted, on=["ts", "end"], how="inner")
+                 .filter(pl.col("inside") >= ENGULFING_OPS)
+                 .group_by("name", "ts", "end").agg(pl.col("idx").min(), pl.len().alias("ops"),
+                                                    pl.col("inside").first()))
+        for name, first_idx, same, inside in named.select("name", "idx", "ops", "inside").iter_rows():
+            who = name if same == 1 else f"{same} {name} ops"
+            verb = "spans" if same == 1 else "span"
+            found.append((first_idx, f"{who} {verb} the whole of its thread's recorded time with {inside} aten ops "
+                                     "inside it (a broken duration?): ops inside an aten op are read as its "
+                                     "implementation"))
+    return [note for _, note in sorted(found)]
+
+
+def _holding(starts: list[float], ends: list[float], counts: list[int]) -> list[int]:
+    """For each window (sorted by start, then by end from the latest), the ops of the windows that start before it
+    and end after it: a Fenwick tree over the ends' ranks, filled in order of start, so O(n log n) in windows."""
+    ranks = {end: rank for rank, end in enumerate(sorted(set(ends)), start=1)}
+    tree = [0] * (len(ranks) + 1)
+    held = [0] * len(starts)
+    total = 0
+    i = 0
+    while i < len(starts):
+        j = i
+        while j < len(starts) and starts[j] == starts[i]:
+            j += 1
+        for k in range(i, j):  # windows of one start: those inserted so far all start before
+            rank, at_or_below = ranks[ends[k]], 0
+            while rank:
+                at_or_below += tree[rank]
+                rank -= rank & -rank
+            held[k] = total - at_or_below
+        for k in range(i, j):
+            rank = ranks[ends[k]]
+            while rank < len(tree):
+                tree[rank] += counts[k]
+                rank += rank & -rank
+            total += counts[k]
+        i = j
+    return held
 
 
 FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")

@@ -114,8 +114,15 @@ def _as_dims(value: Any) -> list[Any] | None:
         return [[value]] if _is_dim(value) else [[]]
     if not isinstance(value, list):
         return None
-    return [(d if all(_is_dim(x) or isinstance(x, list) for x in d) else []) if isinstance(d, list)
-            else [d] if _is_dim(d) else [] for d in value]
+    return [_as_shape(d) if isinstance(d, list) else [d] if _is_dim(d) else [] for d in value]
+
+
+def _as_shape(shape: list[Any]) -> list[Any]:
+    """A shape kept, or [] (unknown). Plain integers, the common case, are checked by their least and greatest
+    (a call per size was most of AT101's time on a 185 MB trace with shapes)."""
+    if all(type(x) is int for x in shape):
+        return shape if not shape or (min(shape) >= -(2**63) and max(shape) < 2**63) else []
+    return shape if all(_is_dim(x) or isinstance(x, list) for x in shape) else []
 
 
 @dataclass
@@ -280,8 +287,13 @@ class Trace:
 
     @property
     def steady_steps(self) -> list[int]:
-        """Step numbers that are not graph captures."""
-        return sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list())
+        """Step numbers that are not graph captures (a new list each time: the callers' to change)."""
+        return list(self._steady_steps)
+
+    @cached_property
+    def _steady_steps(self) -> tuple[int, ...]:
+        # Asked by every rule's context and by the replay: a query each time was a dozen per trace.
+        return tuple(sorted(int(s) for s in self.steps.filter(~pl.col("capture"))["step"].unique().to_list()))
 
     @cached_property
     def steps_per_process(self) -> dict[str | None, int]:
