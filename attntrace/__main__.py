@@ -16,6 +16,10 @@ def _interrupted(signum: int, frame: object) -> None:
     # parent is gone, or go on decoding for nobody), then the server that forks them, then leave at once: no
     # "Aborted!", no traceback, no exit-time noise from threads. The resource tracker stays: once this
     # process is gone it unlinks the pool's semaphores (/dev/shm/sem.mp-*), quietly (workers.QUIET_TRACKER).
+    # The outputs' temporary files go too: os._exit skips the clean-up of output.replacing().
+    output = sys.modules.get("attntrace.output")
+    if output is not None:
+        output.remove_unfinished()
     if "multiprocessing" in sys.modules:
         import multiprocessing
         from multiprocessing import forkserver
