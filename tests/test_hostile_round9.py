@@ -115,3 +115,43 @@ def test_a_signal_removes_the_temporary_file_of_every_output(tmp_path: Path, sig
                           timeout=60)
     assert done.returncode == 128 + getattr(signal, signame), done.stderr
     assert sorted(os.listdir(out)) == []
+
+
+# Each file named ...cut.json is cut to nothing as soon as its bytes are had, as a trace rewritten while it is read
+# is, in every process (a sitecustomize: the --jobs workers start from a fresh interpreter too). Pieces are 64 KiB,
+# so that the reader of before mapped the file (it mapped files over one piece).
+_CUT_AFTER_LOAD = """
+import os
+import attntrace.read as read
+import attntrace.read.buffers as buffers
+buffers.CHUNK_BYTES = 1 << 16
+loaded = read.load_bytes
+def load_then_cut(path, *args, **kwargs):
+    data = loaded(path, *args, **kwargs)
+    if path.endswith("cut.json"):
+        os.truncate(path, 0)
+    return data
+read.load_bytes = load_then_cut
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, jobs: str):
+    # The file was mapped: cut shorter while read, it ended the process with SIGBUS (rc 135, no message), every
+    # other input of the run lost (with --jobs 2, the worker died, and the file was said to have killed it).
+    doc = _naive_doc()
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))  # 330 KB: several pieces
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(doc))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CUT_AFTER_LOAD)
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "--jobs", jobs, "--format", "json",
+                           "--fail-on", "never", str(cut), str(whole)],
+                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # The bytes read are the run's own copy: the file is analysed as it was read, and the other file too.
+    assert [t["path"] for t in report["traces"]] == [str(cut), str(whole)]
+    assert cut.stat().st_size == 0
