@@ -76,10 +76,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as exc:
-        raise TraceError("unsupported", f"reading URLs needs fsspec: pip install 'attntrace[{extra}]'") from exc
+        raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [{extra}] extra (fsspec): "
+                         f"{_install(extra)}") from exc
     options: dict[str, Any] = {}
     if protocol in ("http", "https"):
-        import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
+        try:
+            import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
+        except ImportError as exc:  # fsspec alone (another package's dependency): its HTTP backend needs aiohttp
+            raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [remote] extra (fsspec and "
+                             f"aiohttp; aiohttp is missing): {_install('remote')}") from exc
 
         options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=HTTP_REQUEST_S, sock_connect=HTTP_TIMEOUT_S,
                                                                      sock_read=HTTP_TIMEOUT_S)}
@@ -91,6 +96,13 @@ def _filesystem(url: str) -> tuple[Any, str]:
     except ValueError as exc:
         raise TraceError("unsupported", f"{protocol}:// is not a protocol fsspec knows ({scrub(str(exc), url)})") \
             from exc
+
+
+def _install(extra: str) -> str:
+    """How to install an extra where attntrace was installed from source (it is not on an index): in a checkout,
+    or from its repository."""
+    return (f"pip install -e '.[{extra}]' in a checkout of attntrace, or pip install 'attntrace[{extra}] @ "
+            "git+URL' with its repository's URL")
 
 
 def _timed_out() -> TraceError:

@@ -155,3 +155,97 @@ def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, j
     # The bytes read are the run's own copy: the file is analysed as it was read, and the other file too.
     assert [t["path"] for t in report["traces"]] == [str(cut), str(whole)]
     assert cut.stat().st_size == 0
+
+
+_TRACE_TEXT = b'{"traceEvents": []}'
+# What `printf '{"traceEvents":[]}' | zstd -c` writes (zstd is not in Python's standard library before 3.14).
+_ZSTD_FRAME = b'(\xb5/\xfd\x04X\x91\x00\x00{"traceEvents":[]}lk\x9d\xdd'
+
+
+def _zip(path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("rank0.json", _TRACE_TEXT)
+
+
+def _tar(path: Path, mode: str) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, mode) as archive:
+        info = tarfile.TarInfo("rank0.json")
+        info.size = len(_TRACE_TEXT)
+        archive.addfile(info, io.BytesIO(_TRACE_TEXT))
+
+
+def _analysed(report: str) -> list[str]:
+    return [t["path"] for t in json.loads(report)["traces"] if not t["error"]]
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize(("name", "make", "said"), [
+    ("bz.json.gz", lambda p: _write(p, __import__("bz2").compress(_TRACE_TEXT)),
+     "bz2-compressed data, not a trace (attntrace reads JSON and gzip): bunzip2 -c {path} > bz.json"),
+    ("zs.json.gz", lambda p: _write(p, _ZSTD_FRAME),
+     "zstd-compressed data, not a trace (attntrace reads JSON and gzip): zstd -dc {path} > zs.json"),
+    ("xz.json", lambda p: _write(p, __import__("lzma").compress(_TRACE_TEXT)),
+     "xz-compressed data, not a trace (attntrace reads JSON and gzip): xz -dc {path} > xz.unpacked.json"),
+    ("ranks.json", _zip, "a zip archive, not a trace (attntrace reads JSON and gzip): unzip {path} -d ranks, then "
+     "lint ranks"),
+    ("ranks.json", lambda p: _tar(p, "w"), "a tar archive, not a trace: mkdir ranks && tar -xf {path} -C ranks, then "
+     "lint ranks"),
+    ("ranks.json.gz", lambda p: _tar(p, "w:gz"), "a tar archive (gzip-compressed), not a trace: mkdir ranks && "
+     "tar -xzf {path} -C ranks, then lint ranks"),
+])
+def test_a_compressed_file_or_archive_is_named_with_the_command_that_extracts_it(tmp_path: Path, name: str,
+                                                                                make, said: str):
+    # A bz2 or zstd file named .gz was "not a JSON object or list (starts with b'BZh91...')"; a tar.gz was "the gzip
+    # stream does not hold JSON (it starts with b'rank0.json')".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    path = tmp_path / name
+    make(path)
+    good = sample("bf16_causal_fwd/naive")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", str(path), good])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {path}: {said.format(path=path)}"]
+    assert _analysed(result.stdout) == [good]  # the other input still reported
+
+
+def test_a_procfs_file_is_read_for_what_it_holds():
+    # /proc/cpuinfo has size 0 and text to read: it was "file is empty".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("no procfs here")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", "/proc/cpuinfo"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: /proc/cpuinfo: not a JSON object or list (starts with b'")
+    assert "empty" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["fsspec", "aiohttp"])
+def test_an_http_url_without_the_remote_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, missing: str):
+    # Without aiohttp (fsspec came with another package) it was "cannot list (ModuleNotFoundError: No module
+    # named 'aiohttp')".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ImportError
+    good = sample("bf16_causal_fwd/naive")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", "http://127.0.0.1:9/t.json", good])
+    assert result.exit_code == 2
+    line, = result.stderr.splitlines()
+    assert line.startswith("error: http://127.0.0.1:9/t.json: reading http:// URLs needs the [remote] extra (")
+    assert line.endswith("pip install -e '.[remote]' in a checkout of attntrace, or pip install "
+                         "'attntrace[remote] @ git+URL' with its repository's URL")
+    assert _analysed(result.stdout) == [good]

@@ -15,7 +15,7 @@ from typing import Any
 
 from attntrace import workers
 from attntrace.errors import TraceError
-from attntrace.read.encodings import gunzip, may_be_a_trace
+from attntrace.read.encodings import gunzip, may_be_a_trace, other_format
 from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer
 
 STREAM_CHUNK = 1 << 20
@@ -47,7 +47,11 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                 info = os.fstat(fh.fileno())
                 if stat.S_ISDIR(info.st_mode):
                     raise TraceError("unreadable", "is a directory")
-                if stat.S_ISREG(info.st_mode):
+                if stat.S_ISREG(info.st_mode) and info.st_size == 0:
+                    # Size 0 is no promise of no content: procfs and sysfs files (/proc/cpuinfo) say 0 and
+                    # have text to read. Read as a stream: to its end, bounded, sniffed.
+                    data = _read_stream(fh, max_bytes, first)
+                elif stat.S_ISREG(info.st_mode):
                     # gzip a little over the limit may hold less once decompressed, never far less.
                     if info.st_size > max_bytes + (1 << 20):
                         raise TraceError("too-large", f"{info.st_size} bytes is over the limit of {max_bytes} "
@@ -64,8 +68,12 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
         raise TraceError("unreadable", "is a directory") from exc
     except OSError as exc:
         raise TraceError("unreadable", exc.strerror or str(exc)) from exc
+    name = "FILE" if path == "-" or sources.is_url(path) else path  # what an extracting command names
+    other = other_format(bytes(data[:512]), name)
+    if other is not None:
+        raise other
     if data[:2] == b"\x1f\x8b":
-        return gunzip(data, max_bytes, salvage)
+        return gunzip(data, max_bytes, salvage, name)
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
     return data, False
