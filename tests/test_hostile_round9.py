@@ -249,3 +249,39 @@ def test_an_http_url_without_the_remote_extra_names_the_extra(monkeypatch: pytes
     assert line.endswith("pip install -e '.[remote]' in a checkout of attntrace, or pip install "
                          "'attntrace[remote] @ git+URL' with its repository's URL")
     assert _analysed(result.stdout) == [good]
+
+
+def _without_steps(doc: dict, keep: int) -> dict:
+    """The document with its ProfilerStep markers after the first `keep` taken out (the events stay)."""
+    marked = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    dropped = {id(e) for e in marked if int(e["name"].split("#")[1]) > keep}
+    return {**doc, "traceEvents": [e for e in doc["traceEvents"] if id(e) not in dropped]}
+
+
+@pytest.mark.parametrize(("keep", "said"), [
+    (0, "not compared: the new trace marks no steps (its one window is the whole trace), and the test needs 2 steady "
+        "steps on each side; to compare, call prof.step() once per iteration so that steps are marked, and capture "
+        "at least 3 steps"),
+    (1, "not compared: the new trace has 1 steady step, and the test needs 2 steady steps on each side; to compare, "
+        "capture at least 3 steps"),
+])
+def test_diff_gives_no_verdict_on_too_few_steady_steps(tmp_path: Path, keep: int, said: str):
+    # The same events, the new side without its step markers: "+257%, 100% confident the new one is slower:
+    # REGRESSION", exit 1 under --fail-over 5.
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    doc = _naive_doc()
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    base.write_text(json.dumps(doc))
+    new.write_text(json.dumps(_without_steps(doc, keep)))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    step = comparison["step"]
+    assert step["not_compared"].startswith(said)
+    assert step["confidence_slower"] is None and not comparison["regression"] and not comparison["outside_noise"]
+    assert step["base_median"] > 0 and step["new_median"] > 0 and step["change_pct"] is not None  # figures shown
+    text = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5"])
+    assert text.exit_code == 0 and "REGRESSION" not in text.stdout and said in text.stdout
