@@ -14,13 +14,12 @@ from attntrace import engine as lint
 from attntrace import read, workers
 from attntrace.catalog import load_rules
 from attntrace.loading import load
-from attntrace.read import buffers, decoding
+from attntrace.read import decoding
 
 
 def cut_into_pieces_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
-    """Pieces of `size` bytes: the decoder cuts a larger trace at that size, and a larger file is mapped."""
+    """Pieces of `size` bytes: the decoder cuts a larger trace at that size."""
     monkeypatch.setattr(decoding, "CHUNK_BYTES", size)
-    monkeypatch.setattr(buffers, "CHUNK_BYTES", size)
 
 
 def report(path: str) -> bytes:
