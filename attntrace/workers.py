@@ -141,7 +141,9 @@ def die_with_parent() -> None:
 
 def _die_with_spawner() -> None:
     """Run on import: in the fork server (whose parent named itself in SPAWNER_ENV), end it with that parent;
-    its workers then end with it. Anywhere else this does nothing."""
+    its workers then end with it. Anywhere else this does nothing. (Linux ends it with the *thread* that started
+    it: the CLI's main thread; a library caller whose thread ends loses the server, which multiprocessing then
+    starts again for the next pool.)"""
     global _server_pid
     if os.environ.get(SPAWNER_ENV) == str(os.getppid()) and _kill_me_when_parent_dies():
         _server_pid = os.getpid()  # what a worker forked from here sees as its parent
