@@ -15,10 +15,14 @@ def _interrupted(signum: int, frame: object) -> None:
     # parent is gone, or go on decoding for nobody), then the server that forks them, then leave at once: no
     # "Aborted!", no traceback, no exit-time noise from threads. The resource tracker stays: once this
     # process is gone it unlinks the pool's semaphores (/dev/shm/sem.mp-*), quietly (workers.QUIET_TRACKER).
+    # The outputs' temporary files go too: os._exit skips the clean-up of output.replacing().
     # The modules are taken from sys.modules, never imported here: a Ctrl-C while `import multiprocessing` runs
     # finds it half initialised (an ImportError from the handler was a traceback and exit 1). Whatever fails
     # here, the process still leaves with 128 + signum.
     try:
+        output = sys.modules.get("attntrace.output")
+        if output is not None:
+            output.remove_unfinished()
         processes = sys.modules.get("multiprocessing")
         for child in getattr(processes, "active_children", list)():
             child.terminate()

@@ -18,6 +18,9 @@ from attntrace.model.identity import fold_name, trace_label
 from attntrace.read import discover
 
 CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
+# The test's least: a spread of steady steps on each side (one step has no spread: its variance would be the floor
+# the test assumes, and a whole-trace window against real steps read as a certain +257%).
+MIN_STEADY_STEPS = 2
 
 METRICS = ("step_us", "gpu_busy_us", "cpu_us", "kernels", "memcpy", "memset", "launches", "launch_cpu_us")
 
@@ -61,6 +64,33 @@ def _per_step(trace: Any, column: str) -> list[float]:
     return [float(v) for v in table.group_by("step").agg(pl.col(column).max()).sort("step")[column].to_list()]
 
 
+def _steady_count(trace: Any, steps: list[float]) -> int:
+    """The steps at the trace's steady pace (stats.STEADY_RATIO x its shortest); none when the trace marks no
+    steps and none could be inferred (its one window is the whole trace, not a step)."""
+    positive = [s for s in steps if s > 0]
+    if trace.step_info.source == "trace" or not positive:
+        return 0
+    return sum(s <= stats.STEADY_RATIO * min(positive) for s in positive)
+
+
+def _too_few_steps(counts: dict[str, int], traces: dict[str, Any]) -> str | None:
+    """Why the step times cannot be compared, and what would let them be; None when they can."""
+    short = [side for side in ("base", "new") if counts[side] < MIN_STEADY_STEPS]
+    if not short:
+        return None
+    said = []
+    for side in short:
+        if traces[side].step_info.source == "trace":
+            said.append(f"the {side} trace marks no steps (its one window is the whole trace)")
+        else:
+            said.append(f"the {side} trace has {counts[side]} steady step{'s' if counts[side] != 1 else ''}")
+    unmarked = any(traces[side].step_info.source == "trace" for side in short)
+    fix = ("call prof.step() once per iteration so that steps are marked, and " if unmarked else "") + \
+        ("capture at least 3 steps (torch.profiler.schedule(active=3) or more: the first often runs slow)")
+    return (f"not compared: {' and '.join(said)}, and the test needs {MIN_STEADY_STEPS} steady steps on each side; "
+            f"to compare, {fix}")
+
+
 def _host_or_program(metrics: dict[str, Any]) -> str | None:
     """Why the step changed, where the traces can say: the GPU's work, the CPU's work (more ops or launches per
     step), or only the speed of the host (the same CPU work, each runtime call slower by about as much)."""
@@ -102,16 +132,20 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
             "new_range": [float(n.min() or 0.0), float(n.max() or 0.0)],
             "change_pct": 100.0 * (n_mean - b_mean) / b_mean if b_mean else None,
         }
-    change = stats.compare(_per_step(bt, "step_us"), _per_step(nt, "step_us"))
+    base_steps, new_steps = _per_step(bt, "step_us"), _per_step(nt, "step_us")
+    change = stats.compare(base_steps, new_steps)
     busy = stats.compare(_per_step(bt, "gpu_busy_us"), _per_step(nt, "gpu_busy_us"))
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
+    # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
+    not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
+                                  {"base": bt, "new": nt})
     step = {"base_median": round(change.base_median, 3), "new_median": round(change.new_median, 3),
             "change_pct": None if change.change_pct is None else round(change.change_pct, 3),
-            "confidence_slower": round(change.confidence, 4),
-            "steady_steps": {"base": change.base_steps, "new": change.new_steps}}
-    outside_noise = change.confidence >= CONFIDENCE or change.confidence <= 1 - CONFIDENCE
-    regression = bool(fail_over is not None and change.confidence >= CONFIDENCE and change.change_pct is not None
-                      and change.change_pct > fail_over)
+            "confidence_slower": None if not_compared else round(change.confidence, 4),
+            "steady_steps": {"base": change.base_steps, "new": change.new_steps}, "not_compared": not_compared}
+    outside_noise = not not_compared and (change.confidence >= CONFIDENCE or change.confidence <= 1 - CONFIDENCE)
+    regression = bool(fail_over is not None and not not_compared and change.confidence >= CONFIDENCE
+                      and change.change_pct is not None and change.change_pct > fail_over)
     # Every finding, consequences too, by fingerprint: what a baseline of the base trace holds.
     before = {f["fingerprint"]: f for f in br.findings}
     after = {f["fingerprint"]: f for f in nr.findings}
@@ -217,9 +251,14 @@ def render(result: dict[str, Any]) -> str:
         verdict = ("REGRESSION" if c["regression"] else
                    "a real change, under --fail-over" if c["outside_noise"] and result["fail_over_pct"] is not None
                    else "a real change" if c["outside_noise"] else "within noise")
-        out.append(f"  step time {step['base_median']:.1f} -> {step['new_median']:.1f} us{pct}, medians of "
-                   f"{step['steady_steps']['base']} and {step['steady_steps']['new']} steady steps, "
-                   f"{100 * step['confidence_slower']:.0f}% confident the new one is slower: {verdict}")
+        if step.get("not_compared"):
+            out.append(f"  step time {step['base_median']:.1f} -> {step['new_median']:.1f} us{pct}, medians of "
+                       f"{step['steady_steps']['base']} and {step['steady_steps']['new']} steps: "
+                       f"{step['not_compared']}")
+        else:
+            out.append(f"  step time {step['base_median']:.1f} -> {step['new_median']:.1f} us{pct}, medians of "
+                       f"{step['steady_steps']['base']} and {step['steady_steps']['new']} steady steps, "
+                       f"{100 * step['confidence_slower']:.0f}% confident the new one is slower: {verdict}")
         if c.get("why"):
             out.append(f"  why: {c['why']}")
         out.append("")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -83,14 +84,16 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
 
 
 def _init_worker(jobs: int) -> None:
-    workers.ignore_sigint()
+    workers.ignore_sigint()  # and the worker dies with its parent
     workers.CONCURRENT_JOBS = jobs
 
 
 def _pool(processes: int) -> ProcessPoolExecutor:
     # Forked from a warm server (attntrace.workers), not from this process: polars' thread pool does not
     # survive a fork, and a spawned worker would import everything again. The memory and cores are shared by
-    # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th).
+    # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th). The server
+    # is started here (when not yet running) so that it dies with this process (workers.warm_up).
+    workers.warm_up()
     return ProcessPoolExecutor(max_workers=processes, mp_context=workers.context(), initializer=_init_worker,
                                initargs=(processes,))
 
@@ -106,31 +109,86 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         process.join(timeout=5)
 
 
-def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T | InputError]:
-    """Results in input order, `jobs` at a time. When a worker dies, every trace in flight fails with it; the
-    first unfinished one is then run alone, so that the one that kills its worker is the one reported, and
-    the rest go on in a fresh pool."""
+# Small files go to a worker in batches: a sweep's thousands of rank and step traces (1 KB each) cost a task, a
+# message each way and a future each, one by one. A file over BATCH_FILE_BYTES is a batch of its own (it is the
+# work, and a worker that dies on it must be told from the others).
+BATCH_FILE_BYTES = 1 << 20
+BATCH_BYTES = 8 << 20  # a batch's files together, at most
+BATCH_FILES = 64  # and at most this many: a batch's results come back together, in order
+BATCHES_PER_JOB = 4  # at least this many batches for each worker, so that one slow batch does not hold the run
+IN_FLIGHT_PER_JOB = 2  # batches sent ahead per worker: the results waiting to be reported in order stay bounded
+
+
+def _batches(todo: list[str], jobs: int, most: int = BATCH_FILES) -> list[list[str]]:
+    """The paths in input order, cut into batches of consecutive small files (at most `most` each)."""
+    per_batch = max(1, min(most, len(todo) // (jobs * BATCHES_PER_JOB)))
+    batches: list[list[str]] = []
+    current: list[str] = []
+    held = 0
+    for path in todo:
+        try:
+            size = os.stat(path).st_size
+        except (OSError, ValueError):  # a URL, or a file the worker will say it cannot read
+            size = BATCH_FILE_BYTES + 1
+        if size > BATCH_FILE_BYTES or per_batch == 1:
+            if current:
+                batches.append(current)
+                current, held = [], 0
+            batches.append([path])
+            continue
+        if current and (len(current) >= per_batch or held + size > BATCH_BYTES):
+            batches.append(current)
+            current, held = [], 0
+        current.append(path)
+        held += size
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _call_batch(args: tuple[list[str], Callable[[str], Any]]) -> list[Any]:
+    paths, work = args
+    return [guarded(path, work) for path in paths]
+
+
+def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BATCH_FILES
+            ) -> Iterator[T | InputError]:
+    """Results in input order, `jobs` batches at a time (a few ahead, so the results held stay bounded). When a
+    worker dies, every batch in flight fails with it; the first unfinished batch is then run again one file per
+    task (a file alone in a worker when it kills one again), so that the file that kills its worker is the one
+    reported, and the rest go on in a fresh pool."""
+    batches = _batches(todo, jobs, most)
     start = 0
-    while start < len(todo):
+    while start < len(batches):
         try:
             with workers.sigint_ignored():
-                pool = _pool(min(jobs, len(todo) - start))
-                futures = [pool.submit(_call, (path, work)) for path in todo[start:]]
+                pool = _pool(min(jobs, len(batches) - start))
         except (OSError, NotImplementedError):
             # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
-            yield from (guarded(path, work) for path in todo[start:])
+            yield from (guarded(path, work) for batch in batches[start:] for path in batch)
             return
         broke_at = None
         finished = False
+        in_flight: deque[tuple[int, Future[list[Any]]]] = deque()
+        sent = start
         try:
-            for offset, future in enumerate(futures):
-                try:
-                    result = future.result()
-                except BrokenProcessPool:
-                    broke_at = start + offset
+            while True:
+                while sent < len(batches) and len(in_flight) < jobs * IN_FLIGHT_PER_JOB:
+                    with workers.sigint_ignored():  # the pool may start a worker here
+                        in_flight.append((sent, pool.submit(_call_batch, (batches[sent], work))))
+                    sent += 1
+                if not in_flight:
                     break
-                yield result
+                index, future = in_flight.popleft()
+                try:
+                    results = future.result()
+                except BrokenProcessPool:
+                    broke_at = index
+                    break
+                yield from results
             finished = True
+        except BrokenProcessPool:  # broken while a batch was sent: the first one not received failed with it
+            broke_at = in_flight[0][0] if in_flight else sent
         finally:
             if finished and broke_at is None:
                 pool.shutdown(wait=True)
@@ -138,7 +196,11 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int) -> Iterator[T 
                 _stop(pool)
         if broke_at is None:
             return
-        yield _alone(todo[broke_at], work)
+        broken = batches[broke_at]
+        if len(broken) == 1:
+            yield _alone(broken[0], work)
+        else:
+            yield from _pooled(broken, work, jobs, most=1)
         start = broke_at + 1
 
 

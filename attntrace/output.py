@@ -14,6 +14,19 @@ class WouldOverwriteInput(OSError):
     """The output is one of the command's inputs: never written over."""
 
 
+# The temporary files being written now (replacing): a SIGINT or SIGTERM handler that ends the process at once
+# (attntrace.__main__) removes them first, as the clean-up below would have.
+_unfinished: set[str] = set()
+
+
+def remove_unfinished() -> None:
+    """Remove every temporary file still being written; safe to call from a signal handler (unlink only)."""
+    for tmp in list(_unfinished):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _unfinished.discard(tmp)
+
+
 @contextlib.contextmanager
 def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     """A file to write `target`'s new content to. A regular file (or a new one) is written beside it and renamed
@@ -36,6 +49,7 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     # the same name with a prefix and suffix around it is not.
     stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{stem}.", suffix=".tmp")
+    _unfinished.add(tmp)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
@@ -50,6 +64,8 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        _unfinished.discard(tmp)
 
 
 def write_bytes(target: str, data: bytes, inputs: Iterable[str] = ()) -> None:

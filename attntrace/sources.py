@@ -77,10 +77,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as exc:
-        raise TraceError("unsupported", f"reading URLs needs fsspec: {pip_install(extra)}") from exc
+        raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [{extra}] extra (fsspec): "
+                         f"{pip_install(extra)}") from exc
     options: dict[str, Any] = {}
     if protocol in ("http", "https"):
-        import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
+        try:
+            import aiohttp  # fsspec's HTTP backend: without a read timeout, a server that never answers hangs the run
+        except ImportError as exc:  # fsspec alone (another package's dependency): its HTTP backend needs aiohttp
+            raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [remote] extra (fsspec and "
+                             f"aiohttp; aiohttp is missing): {pip_install('remote')}") from exc
 
         options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=HTTP_REQUEST_S, sock_connect=HTTP_TIMEOUT_S,
                                                                      sock_read=HTTP_TIMEOUT_S)}

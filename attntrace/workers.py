@@ -27,6 +27,10 @@ WORKERS_ENV = "ATTNTRACE_READ_WORKERS"
 PARALLEL_MIN_PIECES = 3  # below this, worker processes cost more than they save
 _lock = threading.Lock()
 _context: BaseContext | None = None
+# The pid of the process that starts the fork server, given to the server in its environment: the server dies
+# with that process (below), and the workers it forks die with the server (die_with_parent).
+SPAWNER_ENV = "ATTNTRACE_SERVER_SPAWNER"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def usable_cores() -> int:
@@ -113,8 +117,48 @@ def sigint_ignored() -> Iterator[None]:
 
 
 def ignore_sigint() -> None:
-    """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it."""
+    """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it. The worker also
+    dies with its parent (die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+
+
+def _kill_me_when_parent_dies() -> bool:
+    """Ask Linux to SIGKILL this process when its parent ends (PR_SET_PDEATHSIG); False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent() -> None:
+    """A worker process ends when its parent does, however the parent ends (SIGKILL, the OOM killer): a worker
+    holds both ends of its own task pipe, so it never sees the parent go, and went on decoding gigabytes for
+    nobody. Its parent is the fork server (or, with spawn, the process that asked for it). A parent gone before
+    this ran is seen by its pid: the worker leaves at once."""
+    if _kill_me_when_parent_dies() and _server_pid is not None and os.getppid() != _server_pid:
+        os._exit(1)
+
+
+def _die_with_spawner() -> None:
+    """Run on import: in the fork server (whose parent named itself in SPAWNER_ENV), end it with that parent;
+    its workers then end with it. Anywhere else this does nothing. (Linux ends it with the *thread* that started
+    it: the CLI's main thread; a library caller whose thread ends loses the server, which multiprocessing then
+    starts again for the next pool.)"""
+    global _server_pid
+    if os.environ.get(SPAWNER_ENV) == str(os.getppid()) and _kill_me_when_parent_dies():
+        _server_pid = os.getpid()  # what a worker forked from here sees as its parent
+        if os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
+            os._exit(1)
+
+
+_server_pid: int | None = None
+_die_with_spawner()
 
 
 def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
@@ -140,8 +184,23 @@ def warm_up() -> None:
         return
     from multiprocessing import forkserver
 
-    with contextlib.suppress(OSError, ValueError), sigint_ignored():
+    with contextlib.suppress(OSError, ValueError), sigint_ignored(), _spawner_named():
         forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _spawner_named() -> Iterator[None]:
+    """This process's pid in the environment of a fork server started now (and only then: the variable goes
+    after), so that the server ends with it (_die_with_spawner)."""
+    before = os.environ.get(SPAWNER_ENV)
+    os.environ[SPAWNER_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SPAWNER_ENV, None)
+        else:
+            os.environ[SPAWNER_ENV] = before
 
 
 def return_freed_memory() -> None:

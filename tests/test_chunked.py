@@ -14,13 +14,12 @@ from attntrace import engine as lint
 from attntrace import read, workers
 from attntrace.catalog import load_rules
 from attntrace.loading import load
-from attntrace.read import buffers, decoding
+from attntrace.read import decoding
 
 
 def cut_into_pieces_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
-    """Pieces of `size` bytes: the decoder cuts a larger trace at that size, and a larger file is mapped."""
+    """Pieces of `size` bytes: the decoder cuts a larger trace at that size."""
     monkeypatch.setattr(decoding, "CHUNK_BYTES", size)
-    monkeypatch.setattr(buffers, "CHUNK_BYTES", size)
 
 
 def report(path: str) -> bytes:
@@ -212,14 +211,13 @@ def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp
             assert table.equals(alone[kind]), (path.name, kind)
 
 
-def test_a_large_file_is_mapped_left_unchanged_and_read_as_its_bytes(tmp_path: Path,
+def test_a_large_file_is_copied_left_unchanged_and_read_as_its_bytes(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch):
-    import mmap
-
+    # Not mapped: a mapped file cut short while read ended the process with SIGBUS (test_hostile_round9).
     text, plain, packed = _plain_and_packed(tmp_path)
     cut_into_pieces_of(monkeypatch, 64 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
-    assert isinstance(read.read(str(plain)).pieces.data, mmap.mmap)
+    assert isinstance(read.read(str(plain)).pieces.data, bytearray)
     assert isinstance(read.read(str(packed)).pieces.data, bytearray)
     mapped, in_memory = _tables_of(str(plain)), _tables_of(str(packed))
     for kind, table in mapped.items():

@@ -3,7 +3,9 @@ UTF-32 re-encoded as UTF-8, and lone UTF-16 surrogate escapes replaced (polars a
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import zlib
 
 from attntrace.errors import TraceError
@@ -27,7 +29,43 @@ def may_be_a_trace(head: bytes) -> bool:
     return first is None or head[first.start():first.start() + 1] in (b"{", b"[")
 
 
-def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool]:
+# Other compressions and archives, by their first bytes: what the file holds, and the command that makes it traces
+# ({file} is the file's name; {stem} its name without the suffixes of traces and archives; {out} a new file's).
+_OTHER_FORMATS: tuple[tuple[bytes, str, str], ...] = (
+    (b"BZh", "bz2-compressed data", "bunzip2 -c {file} > {out}"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data", "zstd -dc {file} > {out}"),
+    (b"\xfd7zXZ\x00", "xz-compressed data", "xz -dc {file} > {out}"),
+    (b"PK\x03\x04", "a zip archive", "unzip {file} -d {stem}, then lint {stem}"),
+    (b"PK\x05\x06", "an empty zip archive", "unzip -l {file}"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "7z x {file} -o{stem}, then lint {stem}"),
+)
+_ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|bz2|zst|zstd|xz|zip|7z|tar))+$", re.IGNORECASE)
+
+
+def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> TraceError | None:
+    """Why bytes that begin with `head` are no trace when they are another compression or an archive (bz2, zstd,
+    xz, zip, 7z, tar), with the command that extracts them from the file `name`; None otherwise. `gzipped`: these
+    are a gzip stream's contents (a .tar.gz)."""
+    file = shlex.quote(name)
+    base = os.path.basename(name)
+    bare = _ARCHIVE_SUFFIXES.sub("", base) or "traces"
+    # Never the file's own name: the shell would empty it before it is read (xz.json > xz.json).
+    out = shlex.quote(f"{bare}.json" if f"{bare}.json" != base else f"{bare}.unpacked.json")
+    stem = shlex.quote(bare)
+    for magic, what, command in _OTHER_FORMATS:
+        if head.startswith(magic) and (magic != b"BZh" or head[3:4].isdigit()):
+            if gzipped:
+                return TraceError("unsupported", f"the gzip stream holds {what}, not JSON")
+            return TraceError("unsupported", f"{what}, not a trace (attntrace reads JSON and gzip): "
+                              f"{command.format(file=file, stem=stem, out=out)}")
+    if head[257:262] == b"ustar":  # a tar member's header: its name first, the format's magic at 257
+        flags = "xzf" if gzipped else "xf"
+        return TraceError("unsupported", f"a tar archive{' (gzip-compressed)' if gzipped else ''}, not a trace: "
+                          f"mkdir {stem} && tar -{flags} {file} -C {stem}, then lint {stem}")
+    return None
+
+
+def gunzip(data: Buffer, max_bytes: int, salvage: bool, name: str = "FILE") -> tuple[bytearray, bool]:
     # Decompress in bounded chunks so that a gzip bomb is stopped at the limit, not after it fills memory,
     # and garbage is refused after the first chunk, not after all of it.
     out = bytearray()
@@ -40,7 +78,7 @@ def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool
         while pending:
             chunk = decomp.decompress(pending, 1 << 24)
             if not out:
-                _sniff_json(chunk)
+                _sniff_json(chunk, name)
             out += chunk
             if len(out) > max_bytes:
                 raise TraceError("too-large", f"gzip expands past the limit of {max_bytes} bytes (--max-size)")
@@ -70,7 +108,10 @@ def gunzip(data: Buffer, max_bytes: int, salvage: bool) -> tuple[bytearray, bool
     return out, False
 
 
-def _sniff_json(head: bytes) -> None:
+def _sniff_json(head: bytes, name: str) -> None:
+    other = other_format(head[:512], name, gzipped=True)
+    if other is not None:
+        raise other
     if wide_codec(head[:4]) is not None:  # UTF-16 or UTF-32 JSON, which the decoder re-encodes
         return
     body = head.removeprefix(b"\xef\xbb\xbf")

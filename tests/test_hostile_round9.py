@@ -1,0 +1,317 @@
+"""Hostile inputs, round 9 (issue 43, reliability): files truncated while read, workers that outlive a killed
+parent, temporary files left by SIGINT/SIGTERM, diff on too few steady steps, and files that are something else
+than a trace (bz2, zstd, xz, zip, tar, procfs, a URL without its extra). Each test failed before its fix."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, sample
+
+
+def _naive_doc() -> dict:
+    return json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether the process is there and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_workers_die_with_a_killed_parent(tmp_path: Path):
+    # The workers, the fork server and the resource tracker ran on for minutes after SIGKILL of their parent.
+    doc = _naive_doc()
+    text = json.dumps({**doc, "traceEvents": doc["traceEvents"] * 40})  # seconds of work each
+    paths = [tmp_path / f"rank{i}.json" for i in range(2)]
+    for path in paths:
+        path.write_text(text)
+    proc = subprocess.Popen([sys.executable, "-m", "attntrace", "lint", "--jobs", "2", *map(str, paths)],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = _descendants(proc.pid)
+            if len(children) >= 4:  # the resource tracker, the fork server and two workers
+                break
+            time.sleep(0.02)
+        assert len(children) >= 4 and proc.poll() is None, "the workers never started, or the run ended first"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(map(_running, children)):
+            time.sleep(0.1)
+        assert not [pid for pid in children if _running(pid)]
+    finally:
+        proc.kill()
+        for pid in _descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# Run as the console script does, with the replace of each output's finished temporary file preceded by a signal:
+# the process is stopped while the temporary file is there.
+_SIGNAL_BEFORE_REPLACE = """
+import os, signal, sys, time
+real_replace = os.replace
+def replace_after_a_signal(src, dst):
+    if str(src).endswith(".tmp"):
+        os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+        time.sleep(30)
+    return real_replace(src, dst)
+os.replace = replace_after_a_signal
+sys.argv = ["attntrace", *sys.argv[1:]]
+from attntrace.__main__ import entry
+entry()
+"""
+
+
+@pytest.mark.parametrize(("signame", "option"), [("SIGTERM", ["-o", "OUT/report.json", "--format", "json"]),
+                                                 ("SIGTERM", ["-o", "OUT/report.parquet", "--format", "parquet"]),
+                                                 ("SIGTERM", ["--annotate", "OUT/annotated.json"]),
+                                                 ("SIGINT", ["--annotate", "OUT/annotated.json"]),
+                                                 ("SIGINT", ["--write-baseline", "OUT/baseline.json"])])
+def test_a_signal_removes_the_temporary_file_of_every_output(tmp_path: Path, signame: str, option: list[str]):
+    # The handler ended with os._exit, which skipped output.replacing()'s clean-up: a .tmp file stayed beside the
+    # output (32 MiB for an --annotate).
+    pytest.importorskip("polars")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [arg.replace("OUT", str(out)) for arg in option]
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
+                           "--jobs", "1", *args], env={**_env(), "SIGNAL": signame}, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
+    assert sorted(os.listdir(out)) == []
+
+
+# Each file named ...cut.json is cut to nothing as soon as its bytes are had, as a trace rewritten while it is read
+# is, in every process (a sitecustomize: the --jobs workers start from a fresh interpreter too). Pieces are 64 KiB,
+# so that the reader of before mapped the file (it mapped files over one piece).
+_CUT_AFTER_LOAD = """
+import os
+import attntrace.read as read
+import attntrace.read.buffers as buffers
+buffers.CHUNK_BYTES = 1 << 16
+loaded = read.load_bytes
+def load_then_cut(path, *args, **kwargs):
+    data = loaded(path, *args, **kwargs)
+    if path.endswith("cut.json"):
+        os.truncate(path, 0)
+    return data
+read.load_bytes = load_then_cut
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, jobs: str):
+    # The file was mapped: cut shorter while read, it ended the process with SIGBUS (rc 135, no message), every
+    # other input of the run lost (with --jobs 2, the worker died, and the file was said to have killed it).
+    doc = _naive_doc()
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))  # 330 KB: several pieces
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(doc))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CUT_AFTER_LOAD)
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "--jobs", jobs, "--format", "json",
+                           "--fail-on", "never", str(cut), str(whole)],
+                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # The bytes read are the run's own copy: the file is analysed as it was read, and the other file too.
+    assert [t["path"] for t in report["traces"]] == [str(cut), str(whole)]
+    assert cut.stat().st_size == 0
+
+
+_TRACE_TEXT = b'{"traceEvents": []}'
+# What `printf '{"traceEvents":[]}' | zstd -c` writes (zstd is not in Python's standard library before 3.14).
+_ZSTD_FRAME = b'(\xb5/\xfd\x04X\x91\x00\x00{"traceEvents":[]}lk\x9d\xdd'
+
+
+def _zip(path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("rank0.json", _TRACE_TEXT)
+
+
+def _tar(path: Path, mode: str) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, mode) as archive:
+        info = tarfile.TarInfo("rank0.json")
+        info.size = len(_TRACE_TEXT)
+        archive.addfile(info, io.BytesIO(_TRACE_TEXT))
+
+
+def _analysed(report: str) -> list[str]:
+    return [t["path"] for t in json.loads(report)["traces"] if not t["error"]]
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize(("name", "make", "said"), [
+    ("bz.json.gz", lambda p: _write(p, __import__("bz2").compress(_TRACE_TEXT)),
+     "bz2-compressed data, not a trace (attntrace reads JSON and gzip): bunzip2 -c {path} > bz.json"),
+    ("zs.json.gz", lambda p: _write(p, _ZSTD_FRAME),
+     "zstd-compressed data, not a trace (attntrace reads JSON and gzip): zstd -dc {path} > zs.json"),
+    ("xz.json", lambda p: _write(p, __import__("lzma").compress(_TRACE_TEXT)),
+     "xz-compressed data, not a trace (attntrace reads JSON and gzip): xz -dc {path} > xz.unpacked.json"),
+    ("ranks.json", _zip, "a zip archive, not a trace (attntrace reads JSON and gzip): unzip {path} -d ranks, then "
+     "lint ranks"),
+    ("ranks.json", lambda p: _tar(p, "w"), "a tar archive, not a trace: mkdir ranks && tar -xf {path} -C ranks, then "
+     "lint ranks"),
+    ("ranks.json.gz", lambda p: _tar(p, "w:gz"), "a tar archive (gzip-compressed), not a trace: mkdir ranks && "
+     "tar -xzf {path} -C ranks, then lint ranks"),
+])
+def test_a_compressed_file_or_archive_is_named_with_the_command_that_extracts_it(tmp_path: Path, name: str,
+                                                                                make, said: str):
+    # A bz2 or zstd file named .gz was "not a JSON object or list (starts with b'BZh91...')"; a tar.gz was "the gzip
+    # stream does not hold JSON (it starts with b'rank0.json')".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    path = tmp_path / name
+    make(path)
+    good = sample("bf16_causal_fwd/naive")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", str(path), good])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {path}: {said.format(path=path)}"]
+    assert _analysed(result.stdout) == [good]  # the other input still reported
+
+
+def test_a_procfs_file_is_read_for_what_it_holds():
+    # /proc/cpuinfo has size 0 and text to read: it was "file is empty".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("no procfs here")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", "/proc/cpuinfo"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: /proc/cpuinfo: not a JSON object or list (starts with b'")
+    assert "empty" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["fsspec", "aiohttp"])
+def test_an_http_url_without_the_remote_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, missing: str):
+    # Without aiohttp (fsspec came with another package) it was "cannot list (ModuleNotFoundError: No module
+    # named 'aiohttp')".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ImportError
+    good = sample("bf16_causal_fwd/naive")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "--format", "json", "http://127.0.0.1:9/t.json", good])
+    assert result.exit_code == 2
+    line, = result.stderr.splitlines()
+    assert line.startswith("error: http://127.0.0.1:9/t.json: reading http:// URLs needs the [remote] extra (")
+    assert line.endswith("pip install -e '.[remote]' in a checkout of attntrace, or pip install "
+                         "'attntrace[remote] @ git+URL' with its repository's URL")
+    assert _analysed(result.stdout) == [good]
+
+
+def _without_steps(doc: dict, keep: int) -> dict:
+    """The document with its ProfilerStep markers after the first `keep` taken out (the events stay)."""
+    marked = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    dropped = {id(e) for e in marked if int(e["name"].split("#")[1]) > keep}
+    return {**doc, "traceEvents": [e for e in doc["traceEvents"] if id(e) not in dropped]}
+
+
+@pytest.mark.parametrize(("keep", "said"), [
+    (0, "not compared: the new trace marks no steps (its one window is the whole trace), and the test needs 2 steady "
+        "steps on each side; to compare, call prof.step() once per iteration so that steps are marked, and capture "
+        "at least 3 steps"),
+    (1, "not compared: the new trace has 1 steady step, and the test needs 2 steady steps on each side; to compare, "
+        "capture at least 3 steps"),
+])
+def test_diff_gives_no_verdict_on_too_few_steady_steps(tmp_path: Path, keep: int, said: str):
+    # The same events, the new side without its step markers: "+257%, 100% confident the new one is slower:
+    # REGRESSION", exit 1 under --fail-over 5.
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    doc = _naive_doc()
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    base.write_text(json.dumps(doc))
+    new.write_text(json.dumps(_without_steps(doc, keep)))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    step = comparison["step"]
+    assert step["not_compared"].startswith(said)
+    assert step["confidence_slower"] is None and not comparison["regression"] and not comparison["outside_noise"]
+    assert step["base_median"] > 0 and step["new_median"] > 0 and step["change_pct"] is not None  # figures shown
+    text = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5"])
+    assert text.exit_code == 0 and "REGRESSION" not in text.stdout and said in text.stdout
+
+
+def test_small_files_go_to_the_workers_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # One task, one message each way and one future per file: 10,000 small traces took 725 s with --jobs 2.
+    # Batched, 48 files take 8 tasks (6 files each: 4 batches per worker at least), in input order, and a worker
+    # that dies on one file of a batch is that file's error alone.
+    from concurrent.futures import ProcessPoolExecutor
+
+    from test_hostile_round2 import die_on_marked, small_trace
+
+    from attntrace import loading
+
+    names = [f"rank{i:02d}.json" for i in range(48)]
+    for name in [*names, "rank20_die.json"]:
+        small_trace(tmp_path / name)
+    sent: list[int] = []
+    submit = ProcessPoolExecutor.submit
+
+    def counted(self: ProcessPoolExecutor, fn, *args, **kwargs):
+        sent.append(len(args[0][0]) if fn is getattr(loading, "_call_batch", None) else 1)
+        return submit(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counted)
+    assert list(loading.map_inputs([str(tmp_path / n) for n in names], die_on_marked, jobs=2)) == names
+    assert sent == [6] * 8
+    names[20] = "rank20_die.json"
+    results = list(loading.map_inputs([str(tmp_path / n) for n in names], die_on_marked, jobs=2))
+    assert results[:20] == names[:20] and results[21:] == names[21:]
+    assert isinstance(results[20], loading.InputError) and results[20].path.endswith("rank20_die.json")
+    assert results[20].message.startswith("out of memory while analysing")
