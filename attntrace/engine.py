@@ -6,7 +6,7 @@ import dataclasses
 from functools import partial
 from typing import Any
 
-from attntrace import __version__, ranks
+from attntrace import __version__, ranks, roofline
 from attntrace.catalog import Rule, load_rules
 from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
@@ -55,6 +55,7 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     info = {"path": trace.path, "label": trace.label, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
             "incomplete": trace.meta.incomplete, "error": None}
+    info["roofline"] = roofline.analyse(trace)
     report = TraceReport(trace.path, info, job=ranks.identity(trace))
     for rule_id in settings.enabled:
         rule = rules[rule_id]

@@ -341,6 +341,9 @@ COPIES = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy", "a
           "aten::fill_", "aten::zero_", "aten::zeros", "aten::ones", "aten::full", "aten::_foreach_copy_"}
 
 
+WRITE_ONLY = {"aten::fill_", "aten::zero_", "aten::normal_", "aten::uniform_", "aten::random_", "aten::bernoulli_"}
+
+
 def op_bytes(name: str, dims: Any, types: Any) -> int | None:
     """Bytes an op reads and writes, from its recorded input shapes: every tensor input read once, and an
     output written (a GEMM's [.., M, N], a fused attention's query-shaped one, an in-place op's self, an
@@ -368,6 +371,8 @@ def op_bytes(name: str, dims: Any, types: Any) -> int | None:
         return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
     if name == "aten::copy_":
         return sum(sizes)  # read the source, write the destination
+    if name in WRITE_ONLY:
+        return sizes[0]
     if "attention" in name:
         return sum(sizes) + sizes[0]
     if name.endswith("_"):

@@ -324,6 +324,9 @@ def _step_figures(trace: Trace, calls: list[OpCall], gpu: pl.DataFrame, roofs: R
     peak = roofs.datasheet.get(precision or "")
     step_us = {(s, d): us for s, d, us in trace.step_table.select("step", "device", "step_us").iter_rows()} \
         if trace.has_step_markers else {}
+    # The step as it would run without the profiler (model/replay.py): the MFU the program itself reaches.
+    est_us = {(s, d): us for s, d, us in trace.replay.table.select("step", "device", "est_step_us").iter_rows()} \
+        if trace.has_step_markers and trace.replay.table.height else {}
     model: dict[tuple[Any, Any], float] = defaultdict(float)
     hardware: dict[tuple[Any, Any], float] = defaultdict(float)
     for call in calls:
@@ -338,10 +341,13 @@ def _step_figures(trace: Trace, calls: list[OpCall], gpu: pl.DataFrame, roofs: R
             span = gpu.filter(pl.col("device") == device) if device is not None else gpu
             wall = float(span["end"].max() - span["ts"].min()) if span.height else None
         denominator = wall * 1e-6 * peak * 1e12 if wall and peak else None
-        rows.append({"step": step, "device": device, "step_us": _r(wall),
+        est = est_us.get((step, device))
+        rows.append({"step": step, "device": device, "step_us": _r(wall), "est_step_us": _r(est),
                      "model_flops": model.get((step, device), 0.0), "hw_flops": hardware.get((step, device), 0.0),
                      "mfu": _r(model.get((step, device), 0.0) / denominator, 4) if denominator else None,
                      "hfu": _r(hardware.get((step, device), 0.0) / denominator, 4) if denominator else None,
+                     "mfu_est": _r(model.get((step, device), 0.0) / (est * 1e-6 * peak * 1e12), 4)
+                     if est and peak else None,
                      "coverage": _r(known / us) if us else None})
     steady = set(trace.steady_steps)
     chosen = [r for r in rows if r["step"] in steady] or rows
@@ -350,5 +356,5 @@ def _step_figures(trace: Trace, calls: list[OpCall], gpu: pl.DataFrame, roofs: R
         values = [r[key] for r in chosen if r[key] is not None]
         return _r(statistics.median(values), 4) if values else None
 
-    return {"mfu": median("mfu"), "hfu": median("hfu"), "mfu_precision": precision,
+    return {"mfu": median("mfu"), "hfu": median("hfu"), "mfu_est": median("mfu_est"), "mfu_precision": precision,
             "mfu_peak_tflops": peak, "per_step": rows}
