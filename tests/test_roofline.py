@@ -97,3 +97,14 @@ def test_summary_ops_and_lint_json_carry_the_roofline() -> None:
     found = doc["traces"][0]["roofline"]
     assert found["mfu"] == pytest.approx(0.2345, abs=1e-3)
     assert {"classes", "ops", "per_step", "unmodelled", "coverage", "device", "hfu"} <= found.keys()
+
+
+def test_diff_compares_mfu_and_each_class_s_rate() -> None:
+    base = str(SAMPLES / "from_trace" / "llama_train_eager.pt.trace.json.gz")
+    new = str(SAMPLES / "from_trace" / "llama_train_sdpa.pt.trace.json.gz")
+    text = CliRunner().invoke(main, ["diff", base, new])
+    assert "MFU 11.8% -> 18.8%" in text.output and "gemm 594 -> 738 TFLOP/s" in text.output
+    doc = orjson.loads(CliRunner().invoke(main, ["diff", "--format", "json", base, new]).output)
+    roof = doc["comparisons"][0]["roofline"]
+    assert roof["base"]["mfu"] < roof["new"]["mfu"]
+    assert "attention" in roof["new"]["classes"] and "attention" not in roof["base"]["classes"]
