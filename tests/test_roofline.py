@@ -108,3 +108,39 @@ def test_diff_compares_mfu_and_each_class_s_rate() -> None:
     roof = doc["comparisons"][0]["roofline"]
     assert roof["base"]["mfu"] < roof["new"]["mfu"]
     assert "attention" in roof["new"]["classes"] and "attention" not in roof["base"]["classes"]
+
+
+# --- AT601 far-from-roofline on real traces ------------------------------------------------------------
+def _at601(path: str) -> list[dict]:
+    from attntrace.engine import lint_trace
+
+    return [f for f in lint_trace(load(path)).findings if f["rule"] == "AT601"]
+
+
+def test_at601_fires_on_bert_s_misaligned_vocabulary_gemm() -> None:
+    """BERT's 30522-word vocabulary (not a multiple of 8): its LM-head GEMM ran at 30% of the bf16 roof while the
+    model's aligned GEMMs reached it, in the H200 capture of bench/from_trace_models.py."""
+    found = _at601(str(SAMPLES / "from_trace" / "bert_infer_sdpa.pt.trace.json.gz"))
+    assert len(found) == 1
+    f = found[0]
+    assert f["severity"] == "warning" and f["evidence"]["shape"] == "[16384,768] x [768,30522]"
+    assert f["evidence"]["misaligned"] == ["N = 30522"] and f["evidence"]["bound"] == "compute"
+    reference = f["evidence"]["reference"]
+    assert reference["share_of_bound"] > 0.9 and f["evidence"]["share_of_bound"] < 0.35
+    # the saving: the time now minus the time at the share of its bound the reference reaches
+    ev = f["evidence"]
+    expected = ev["gpu_us_per_step"] - ev["bound_us_per_step"] / min(1.0, reference["share_of_bound"])
+    assert f["impact"]["gpu_us_per_step"] == pytest.approx(expected, rel=0.02)
+    assert "pad_to_multiple_of" in f["fix"]
+
+
+def test_at601_silent_on_an_aligned_vocabulary() -> None:
+    """The same kind of model with a 32000-word vocabulary: its LM head runs near the roof, nothing to report."""
+    assert _at601(str(SAMPLES / "from_trace" / "gpt2_train_sdpa.pt.trace.json.gz")) == []
+    assert _at601(str(SAMPLES / "gpu_bound" / "llama_train_b8_compiled.shapes_stack.pt.trace.json.gz")) == []
+
+
+def test_at601_leaves_unfused_attention_matmuls_to_at102() -> None:
+    """GPT-2 eager at context 511: its score matmuls are misaligned, but fusing the chain (AT102) removes them."""
+    found = _at601(str(SAMPLES / "workloads" / "gpt2_eager_train.pt.trace.json.gz"))
+    assert found and all(f.get("subsumed_by") == "AT102" for f in found)
