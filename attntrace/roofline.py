@@ -290,20 +290,25 @@ def _op_rows(calls: list[OpCall], bounds: list[tuple[str | None, float | None]],
 
 def _unmodelled(trace: Trace, gpu: pl.DataFrame, n_steps: int, total_us: float) -> list[dict[str, Any]]:
     """GPU time no model covers, by launching op (the kernel's name when no op launched it), and why."""
-    names = trace.op_names
+    names, cats = trace.op_names, trace.op_cats
     rest = gpu.filter(pl.col("call").is_null())
     if not rest.height:
         return []
     shapes = trace.has_shapes
     rows: dict[str, list[Any]] = {}
     for name, op, dur in rest.select("name", "op", "dur").iter_rows():
-        label = names[op] if op is not None else f"kernel {name}"
+        outside = op is not None and cats[op] == "user_annotation"  # launched in a step or range, under no op
+        label = names[op] if op is not None and not outside else f"kernel {name[:80]}"
         if op is None:
             why = "no launching op in the trace"
+        elif outside:
+            why = f"launched under {names[op][:40]}, outside any op (a Triton launcher or CUDA graph)"
         elif not shapes:
             why = "no input shapes (record_shapes off)"
+        elif trace.op_input(op)[0] is None:
+            why = "this op has no recorded shapes"
         else:
-            why = "no formula for this op"
+            why = "no formula for this op or these shapes"
         row = rows.setdefault(label, [0.0, why, defaultdict(float)])
         row[0] += dur or 0.0
         row[2][name] += dur or 0.0
