@@ -144,3 +144,16 @@ def test_at601_leaves_unfused_attention_matmuls_to_at102() -> None:
     """GPT-2 eager at context 511: its score matmuls are misaligned, but fusing the chain (AT102) removes them."""
     found = _at601(str(SAMPLES / "workloads" / "gpt2_eager_train.pt.trace.json.gz"))
     assert found and all(f.get("subsumed_by") == "AT102" for f in found)
+
+
+def test_at601_slow_attention_saving_matches_the_timed_backend() -> None:
+    """The memory-efficient kernel at 13% of the bf16 roof over 2048 keys: AT601's saving (at FlashAttention-2's
+    share) against the CUDA-event times of both backends at this shape on the H200 (run.json): within 25%."""
+    found = _at601(str(SAMPLES / "bf16_causal_fwd" / "sdpa_efficient.pt.trace.json.gz"))
+    assert len(found) == 1 and found[0]["evidence"]["op_class"] == "attention"
+    run = orjson.loads((SAMPLES / "bf16_causal_fwd" / "run.json").read_bytes())
+    timed = {v["name"]: v["event_ms"] for v in run["variants"]}
+    saving_us = (timed["sdpa_efficient"] - timed["sdpa_flash"]) * 1e3
+    assert found[0]["impact"]["gpu_us_per_step"] == pytest.approx(saving_us, rel=0.25)
+    assert "--from-trace" in found[0]["fix"]
+    assert _at601(str(SAMPLES / "bf16_causal_fwd" / "sdpa_flash.pt.trace.json.gz")) == []

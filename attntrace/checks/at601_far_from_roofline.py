@@ -19,6 +19,7 @@ OWNED_OPS = {"aten::_scaled_dot_product_attention_math": "AT202"}  # the math ba
 SHAPE_DIMS = re.compile(r"\[([0-9,]+)\]")
 TINY_M = 16  # rows of a GEMM at or below which it is a matrix-vector product in all but name
 LONG_SEQUENCE = 1024
+KV_LEN = re.compile(r"Skv=([0-9]+)")
 
 
 def _direction(shape: str) -> str:
@@ -43,6 +44,11 @@ def _misaligned(kind: str, shape: str, precision: str) -> list[str]:
     else:
         return []
     return [f"{name} = {value}" for name, value in named.items() if value % align]
+
+
+def _kv_len(shape: str) -> int | None:
+    found = KV_LEN.search(shape)
+    return int(found.group(1)) if found else None
 
 
 def _tiny(kind: str, shape: str) -> int | None:
@@ -154,9 +160,14 @@ def _judge(ctx: Context, kind: str, precision: str, direction: str, signature: s
     misaligned = _misaligned(kind, row["shape"], precision)
     tiny = _tiny(kind, row["shape"])
     shown = reference is not None and reference[1]["share"] >= ctx.params["min_gap"] * share
-    if not shown and not misaligned:
+    kv_len = _kv_len(row["shape"]) if kind == "attention" else None
+    slow_attention = kv_len is not None and kv_len >= LONG_SEQUENCE and share <= ctx.params["attention_min_share"]
+    if not shown and not misaligned and not slow_attention:
         return None
-    target = min(1.0, reference[1]["share"]) if shown and reference else ctx.params["expected_share"]
+    if shown and reference:
+        target = min(1.0, reference[1]["share"])
+    else:
+        target = ctx.params["attention_expected_share"] if slow_attention else ctx.params["expected_share"]
     saving = max(0.0, row["us"] - row["bound_us"] / target) / steps
     if saving <= 0:
         return None
@@ -170,6 +181,9 @@ def _judge(ctx: Context, kind: str, precision: str, direction: str, signature: s
         why.append(f"{', '.join(misaligned)} not a multiple of {ALIGNMENT[precision]} for {precision} tensor cores")
     if tiny is not None:
         why.append(f"M = {tiny} rows: a matrix-vector product in all but name")
+    if slow_attention and not shown:
+        why.append(f"attention over {kv_len} keys, where the fused backends reach "
+                   f"{100 * ctx.params['attention_expected_share']:.0f}% of the bound or more")
     if shown and reference:
         ref = reference[1]
         ref_rate = ref["flops"] / (ref["us"] * 1e-6) / 1e12
@@ -182,6 +196,7 @@ def _judge(ctx: Context, kind: str, precision: str, direction: str, signature: s
                f"({100 * us_per_step / ctx.step_us:.1f}% of the step): " + "; ".join(why))
     assumption = (f"if it reached the {100 * target:.0f}% of its bound that "
                   + (f"{reference[1]['name']} {reference[1]['shape']} reaches in this trace" if shown and reference
+                     else "FlashAttention-2 reaches on an H200 (attention_expected_share)" if slow_attention
                      else "a well-aligned shape reaches (expected_share)"))
     ref_evidence = None
     if reference is not None:

@@ -29,7 +29,9 @@ def _indent(table: str) -> str:
 def roof_line(device: dict[str, Any]) -> str:
     if not device.get("device"):
         return "roofs: unknown device (add it to attntrace/peaks.toml): no bound, MFU or share of peak"
-    roofs = ", ".join(f"{p} {v:g}" for p, v in device["tflops"].items())
+    sheet = device.get("datasheet_tflops") or {}
+    roofs = ", ".join(f"{p} {v:g}" + (f" (measured; datasheet {sheet[p]:g})" if sheet.get(p) not in (None, v) else "")
+                      for p, v in device["tflops"].items())
     measured = f"; measured: {device['measured_source']}" if device.get("measured_source") else ""
     return (f"roofs: {device['device']}: {roofs} TFLOP/s, HBM {_num(device.get('hbm_tbs'), 'g')} TB/s "
             f"({device.get('source') or 'datasheet'}{measured})")
