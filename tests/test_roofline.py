@@ -97,6 +97,11 @@ def test_summary_ops_and_lint_json_carry_the_roofline() -> None:
     found = doc["traces"][0]["roofline"]
     assert found["mfu"] == pytest.approx(0.2345, abs=1e-3)
     assert {"classes", "ops", "per_step", "unmodelled", "coverage", "device", "hfu"} <= found.keys()
+    # the documented contract: attntrace/schema/report.schema.json holds it, and the report meets it
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = orjson.loads((SAMPLES.parent / "attntrace" / "schema" / "report.schema.json").read_bytes())
+    assert "roofline" in schema["definitions"]["trace"]["properties"]
+    jsonschema.validate(doc, schema)
 
 
 def test_diff_compares_mfu_and_each_class_s_rate() -> None:
