@@ -222,7 +222,9 @@ def analyse(trace: Trace) -> dict[str, Any] | None:
     n_steps = len(steps)
     total_us = float(gpu["dur"].sum() or 0.0)
     covered_us = float(gpu.filter(pl.col("call").is_not_null())["dur"].sum() or 0.0)
-    bounds = [bound(c.cost.hw_flops, c.cost.bytes, c.precision, roofs) for c in calls]
+    # Host transfers cross PCIe or NVLink-C2C, whose bandwidth peaks.toml does not hold: bytes, no bound.
+    bounds = [bound(c.cost.hw_flops, c.cost.bytes, c.precision, roofs) if c.cost.kind != "transfer" else (None, None)
+              for c in calls]
 
     classes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for call, (_, at_us) in zip(calls, bounds, strict=True):
