@@ -162,3 +162,11 @@ def test_at601_slow_attention_saving_matches_the_timed_backend() -> None:
     assert found[0]["impact"]["gpu_us_per_step"] == pytest.approx(saving_us, rel=0.25)
     assert "--from-trace" in found[0]["fix"]
     assert _at601(str(SAMPLES / "bf16_causal_fwd" / "sdpa_flash.pt.trace.json.gz")) == []
+    # forward and backward at GPT-2's shape (B=16 H=12 S=1024, the from-trace run of gpt2_train_eager): the two
+    # findings' savings against the timed efficient - flash difference
+    site = SAMPLES / "from_trace" / "fromtrace" / "gpt2_train_eager" / "site-1"
+    both = _at601(str(site / "sdpa_efficient.pt.trace.json.gz"))
+    timed = {v["name"]: v["event_ms"] for v in orjson.loads((site / "run.json").read_bytes())["variants"]}
+    assert len(both) == 2
+    assert sum(f["impact"]["gpu_us_per_step"] for f in both) == pytest.approx(
+        (timed["sdpa_efficient"] - timed["sdpa_flash"]) * 1e3, rel=0.25)
