@@ -654,7 +654,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
 
 RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends",
-               "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost"}
+               "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost",
+               "AT6xx": "-- the roofline"}
 
 
 @main.command(short_help="List the rule catalogue.")
