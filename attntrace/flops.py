@@ -442,9 +442,19 @@ def collective_cost(name: str, dims: Any, types: Any, ranks: int | None) -> Cost
 # --- one entry point ------------------------------------------------------------------------------
 def op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None = None) -> Cost | None:
     """The cost of an op from its recorded inputs, or None when no formula applies (no shapes, an op with no
-    model)."""
-    if dims is None:
+    model) or the shapes are no tensor's (a negative size, a stride of 0, a count past what a float holds)."""
+    if dims is None or any(isinstance(d, list) and any(isinstance(x, int) and x < 0 for x in d) for d in dims):
         return None
+    try:
+        cost = _op_cost(name, dims, types, concrete, ranks)
+    except (OverflowError, ZeroDivisionError, ValueError, TypeError, IndexError):
+        return None
+    if cost is None or not all(math.isfinite(v) for v in (cost.flops, cost.hw_flops, cost.bytes)):
+        return None
+    return cost
+
+
+def _op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None) -> Cost | None:
     if name in GEMMS or name in ("aten::linear", "aten::_scaled_mm"):
         return gemm_cost(name, dims, types)
     if name in CONV_ARGS or name == CONV_BACKWARD:

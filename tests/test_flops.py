@@ -178,3 +178,14 @@ def test_sdpa_matches_torch_count_and_hand_count_for_causal(recorded: dict[str, 
     batch, heads, seq, dim = shape
     assert causal is not None and causal.flops == 4 * batch * heads * dim * seq * (seq + 1) // 2
     assert math.isclose(causal.flops / forward.flops, (seq + 1) / (2 * seq))
+
+
+def test_shapes_no_tensor_has_get_no_cost() -> None:
+    """A hostile trace's sizes (negative, a stride of 0, a product past what a float holds) are no model, not
+    an exception that would cost the whole report."""
+    huge = [2**63 - 1] * 20
+    assert flops.op_cost("aten::mm", [huge, [3, 4]], ["float", "float"], None) is None
+    assert flops.op_cost("aten::add", [huge, huge], ["float", "float"], None) is None
+    assert flops.op_cost("aten::mm", [[-1, 4], [4, 5]], ["float", "float"], None) is None
+    assert flops.op_cost("aten::convolution", [[1, 3, 8, 8], [4, 3, 3, 3]], ["float", "float"],
+                         ["", "", "", "[0, 0]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]) is None
