@@ -193,7 +193,8 @@ def _judge(ctx: Context, kind: str, precision: str, direction: str, signature: s
     direction_text = " backward" if direction == "backward" and kind == "attention" else ""
     message = (f"{row['name']} {row['shape']} ({precision}{direction_text}) runs at {rate}, "
                f"{100 * share:.0f}% of its {row['bound']} bound, {fmt_us(us_per_step)} {ctx.each_step} "
-               f"({100 * us_per_step / ctx.step_us:.1f}% of the step): " + "; ".join(why))
+               + (f"({100 * us_per_step / ctx.step_us:.1f}% of the step)" if ctx.step_us else "") + ": "
+               + "; ".join(why))
     assumption = (f"if it reached the {100 * target:.0f}% of its bound that "
                   + (f"{reference[1]['name']} {reference[1]['shape']} reaches in this trace" if shown and reference
                      else "FlashAttention-2 reaches on an H200 (attention_expected_share)" if slow_attention
