@@ -261,7 +261,8 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, con
     else:
         from attntrace.formats.roofline_text import roofline_tables
 
-        tables = [summary_table(_printable(s)) + (f"\n{roofline_tables(s['roofline'])}" if ops else "") for s in ok]
+        shown = [_printable(s) for s in ok]  # op and kernel names escaped, as the summary's are
+        tables = [summary_table(s) + (f"\n{roofline_tables(s['roofline'])}" if ops else "") for s in shown]
         _emit("\n\n".join(tables) + ("\n" if ok else ""), output, read)
     sys.exit(EXIT_ERROR if errors else EXIT_OK)
 
