@@ -353,8 +353,8 @@ def op_bytes(name: str, dims: Any, types: Any) -> int | None:
     tensors: list[tuple[list[int], int]] = []
     lists: list[int] = []  # bytes of each tensor-list input
     for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and t in ITEMSIZE and all(isinstance(x, int) for x in d):
-            tensors.append((d, ITEMSIZE[t]))  # [] is a 0-d tensor: one element
+        if isinstance(d, list) and d and t in ITEMSIZE and all(isinstance(x, int) for x in d):
+            tensors.append((d, ITEMSIZE[t]))  # [] is a wrapped scalar (a Python number): not read from memory
         elif isinstance(d, list) and d and all(isinstance(x, list) for x in d) and t.startswith("TensorList"):
             lists.append(sum(math.prod(x) for x in d if all(isinstance(v, int) for v in x)))
     if lists:  # the element type of a list is not recorded: assume 4 bytes (optimizer states are fp32)

@@ -100,7 +100,7 @@ def test_bytes_only_ops() -> None:
                          ["float", "ScalarList", "float", "float", "Scalar"], None)
     assert norm is not None and norm.kind == "norm"
     assert flops.op_cost("aten::sum", [[4, 8]], ["float"], None).kind == "reduction"
-    assert flops.op_cost("aten::fill_", [[], []], ["float", "Scalar"], None).bytes == 4  # a 0-d tensor, written only
+    assert flops.op_cost("aten::fill_", [[8], []], ["float", "Scalar"], None).bytes == 32  # written, not read
 
 
 # --- against FlopCounterMode on ops the real profiler recorded -------------------------------------
