@@ -239,11 +239,13 @@ def main() -> None:
 
 
 # --- summary --------------------------------------------------------------------------------------
-def _summarize_path(path: str, options: Any, settings: Any) -> dict[str, Any]:
+def _summarize_path(path: str, options: Any, settings: Any, ops: bool = False) -> dict[str, Any]:
     from attntrace.engine import summarize_trace
+    from attntrace.roofline import analyse
 
     trace = load(path, options)
-    return {"path": trace.path, **summarize_trace(trace, settings, with_path=True)}
+    return {"path": trace.path, **summarize_trace(trace, settings, with_path=True),
+            **({"roofline": analyse(trace)} if ops else {})}
 
 
 @main.command(short_help="Per-step numbers of traces: GPU busy, kernels, copies.")
@@ -255,15 +257,17 @@ def _summarize_path(path: str, options: Any, settings: Any) -> dict[str, Any]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="A TOML file of settings; its [tool.attntrace.profiler_cost] is used as lint uses it "
                    "(default: the nearest pyproject.toml's).")
+@click.option("--ops", is_flag=True,
+              help="The roofline: MFU, coverage, op classes and top ops against the device's roofs.")
 @read_options
 def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, config_path: str | None,
-            max_size: int | None, salvage: bool) -> None:
+            ops: bool, max_size: int | None, salvage: bool) -> None:
     """Per-trace and per-step numbers: GPU busy, CPU time, kernels, copies, launches, top kernels,
     tensor-core share of GEMM time, attention backends."""
     from attntrace.formats.summary_text import summary_table
 
     settings = _settings(None, None, (), None, config_path)
-    work = partial(_summarize_path, options=_read_options(max_size, salvage), settings=settings)
+    work = partial(_summarize_path, options=_read_options(max_size, salvage), settings=settings, ops=ops)
     results = [r for r in map_inputs(list(paths), work, jobs)
                if not (isinstance(r, InputError) and r.kind == SKIPPED)]
     errors = [r for r in results if isinstance(r, InputError)]
@@ -275,7 +279,11 @@ def summary(paths: tuple[str, ...], fmt: str, output: str | None, jobs: int, con
         doc = {"traces": ok, "errors": [{"path": e.path, "kind": e.kind, "message": e.message} for e in errors]}
         _emit(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", output, read)
     else:
-        _emit("\n\n".join(summary_table(_printable(s)) for s in ok) + ("\n" if ok else ""), output, read)
+        from attntrace.formats.roofline_text import roofline_tables
+
+        shown = [_printable(s) for s in ok]  # op and kernel names escaped, as the summary's are
+        tables = [summary_table(s) + (f"\n{roofline_tables(s['roofline'])}" if ops else "") for s in shown]
+        _emit("\n\n".join(tables) + ("\n" if ok else ""), output, read)
     sys.exit(EXIT_ERROR if errors else EXIT_OK)
 
 
@@ -728,7 +736,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
 
 
 RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends",
-               "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost"}
+               "AT3xx": "-- repeated work and syncs", "AT4xx": "-- GPU utilisation", "AT5xx": "-- launch cost",
+               "AT6xx": "-- the roofline"}
 
 
 @main.command(short_help="List the rule catalogue.")

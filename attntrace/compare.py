@@ -4,11 +4,13 @@ the profiler's own cost, and a verdict."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from attntrace.flops import attended_pairs, attention_flops, op_bytes
 from attntrace.peaks import device_peaks
+
+__all__ = ["analyse_run", "attended_pairs", "attention_flops", "op_bytes", "peak_for", "table_rows"]
 
 
 def precision(dtype: str, tf32: bool) -> str:
@@ -29,65 +31,6 @@ def peak_for(environment: dict[str, Any], dtype: str) -> dict[str, Any]:
                 "reason": f"unknown device {gpu!r}: add it to attntrace/peaks.toml"}
     return {"device": entry["name"], "precision": kind, "tflops": entry.get(kind), "hbm_tbs": entry.get("hbm_tbs"),
             "reason": None}
-
-
-def attended_pairs(shape: dict[str, Any], causal: bool) -> int:
-    """(query, key) pairs that take part, summed over the batch, for one head: queries are the last q_len
-    positions, a causal query sees keys up to its own position, a window only the last `window` of them,
-    and variable length only the sequence's own tokens (padded rows are not useful work)."""
-    kv = shape["seq"]
-    q = shape.get("query_len") or kv
-    window = shape.get("window")
-    lengths = shape.get("lengths") or [kv] * shape["batch"]
-    offset = kv - q
-    total = 0
-    for length in lengths:
-        for row in range(min(q, length) if shape.get("lengths") else q):
-            pos = row + offset
-            hi = min(pos + 1, length) if causal else length
-            lo = max(0, pos - window + 1) if window else 0
-            total += max(0, hi - lo)
-    return total
-
-
-def attention_flops(shape: dict[str, Any], causal: bool, backward: bool) -> float:
-    """Useful FLOPs of one call: two matmuls of 2*D FLOPs per attended (query, key) pair and head, and 2.5x
-    that again for the backward."""
-    forward = 4.0 * shape["head_dim"] * shape["heads"] * attended_pairs(shape, causal)
-    return forward * (3.5 if backward else 1.0)
-
-
-# --- memory traffic -------------------------------------------------------------------------------
-ITEMSIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "long int": 8, "int": 4,
-            "short int": 2, "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
-GEMMS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul"}
-
-
-def op_bytes(name: str, dims: Any, types: Any) -> int | None:
-    """Bytes an op reads and writes, from its recorded input shapes: every tensor input read once, and an
-    output written (a GEMM's [.., M, N], a fused attention's query-shaped one, an in-place op's self, an
-    elementwise op's largest input). An estimate of DRAM traffic: caches can only lower it."""
-    if not isinstance(dims, list) or not isinstance(types, list):
-        return None
-    tensors = [(d, ITEMSIZE[t]) for d, t in zip(dims, types, strict=False)
-               if isinstance(d, list) and d and t in ITEMSIZE and all(isinstance(x, int) for x in d)]
-    if not tensors:
-        return None
-    sizes = [math.prod(d) * size for d, size in tensors]
-    first = 1 if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm") else 0  # after the bias
-    if name in GEMMS and len(tensors) >= first + 2:
-        (a, size), (b, _) = tensors[first], tensors[first + 1]
-        # A tensor after the operands is the out= buffer: written once, not read.
-        return sum(sizes[: first + 2]) + math.prod(a[:-1]) * b[-1] * size
-    if name.startswith("triton_"):
-        return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
-    if name == "aten::copy_":
-        return sum(sizes)  # read the source, write the destination
-    if "attention" in name:
-        return sum(sizes) + sizes[0]
-    if name.endswith("_"):
-        return sum(sizes) + sizes[0]
-    return sum(sizes) + max(sizes)
 
 
 def bytes_per_step(trace: Any) -> float | None:

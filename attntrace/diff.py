@@ -166,6 +166,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "step": step,
         "why": _host_or_program(metrics) if outside_noise else None,
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
+        "roofline": {"base": _roofline_brief(br), "new": _roofline_brief(nr)},
         "findings": {
             "new": [_brief(after[k]) for k in sorted(set(after) - set(before))],
             "fixed": [_brief(f) for f in gone if f["rule"] not in skipped_new],
@@ -175,6 +176,35 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "outside_noise": outside_noise,
         "regression": regression,
     }
+
+
+def _roofline_brief(report: TraceReport) -> dict[str, Any] | None:
+    """MFU, coverage and each op class's achieved rate (TFLOP/s for classes with FLOPs, else TB/s)."""
+    found = report.info.get("roofline")
+    if not found:
+        return None
+    return {"mfu": found["mfu"], "hfu": found["hfu"], "coverage": found["coverage"],
+            "classes": {c["class"]: {"tflops": c.get("tflops"), "tbs": c.get("tbs"),
+                                     "share_of_bound": c.get("share_of_bound")} for c in found["classes"]}}
+
+
+def _roofline_line(base: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
+    if not base or not new:
+        return None
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    rates = []
+    for kind in [k for k in base["classes"] if k in new["classes"]]:
+        b, n = base["classes"][kind], new["classes"][kind]
+        unit = "tflops" if b.get("tflops") or n.get("tflops") else "tbs"
+        if b.get(unit) is None and n.get(unit) is None:
+            continue
+        shown = ["-" if v is None else f"{v:.3g}" for v in (b.get(unit), n.get(unit))]
+        rates.append(f"{kind} {shown[0]} -> {shown[1]} {'TFLOP/s' if unit == 'tflops' else 'TB/s'}")
+    return (f"  MFU {pct(base['mfu'])} -> {pct(new['mfu'])}, coverage {pct(base['coverage'])} -> "
+            f"{pct(new['coverage'])}" + (f"; achieved: {', '.join(rates)}" if rates else ""))
 
 
 def _brief(f: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +270,9 @@ def render(result: dict[str, Any]) -> str:
         moved = [m for m in moved if m[1] != m[2]]
         if moved:
             out.append("  kernels per step by class: " + ", ".join(f"{k} {b:g} -> {n:g}" for k, b, n in moved))
+        roof = _roofline_line(c["roofline"]["base"], c["roofline"]["new"])
+        if roof:
+            out.append(roof)
         for label in ("new", "fixed"):
             out += [f"  {label}: {f['rule']} {f['message']}" for f in c["findings"][label]]
         out += [f"  changed: {f['rule']} {f['base_gpu_us_per_step']:.1f} -> {f['new_gpu_us_per_step']:.1f} us/step"

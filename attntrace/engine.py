@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import __version__, ranks
+from attntrace import __version__, ranks, roofline
 from attntrace.catalog import Rule, load_rules
 from attntrace.checks import CHECKS, Context, Skip
 from attntrace.config import Settings
@@ -67,6 +67,7 @@ def _lint_trace(trace: Trace, settings: Settings | None) -> TraceReport:
     info = {"path": trace.path, "label": trace.label, "device": summary["device"], "steps": summary["steps"],
             "events": trace.ops.height + trace.launches.height + trace.gpu.height, "summary": summary,
             "incomplete": trace.meta.incomplete, "error": None}
+    info["roofline"] = roofline.analyse(trace)
     report = TraceReport(trace.path, info, job=ranks.identity(trace))
     for rule_id in settings.enabled:
         rule = rules[rule_id]
@@ -106,7 +107,8 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
     """A finding whose fix another finding's fix includes is a consequence of that cause: it says which rule
     (`subsumed_by`) and which finding (`cause`, its fingerprint), and its impact is not counted again. Leaving
     the SDPA math backend (AT202) removes what runs inside it (its FP32 GEMMs, copies, low-occupancy kernels and
-    per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101); and the
+    per-call mask); fusing an unfused attention chain (AT102) removes the copies its ops make (AT101) and its
+    matmuls far from their roofline (AT601); and the
     idle time after host syncs (AT302) and of launch-bound steps (AT501) is part of the idle time AT402 reports
     for the same device, whose fix names both (unless that AT402 found only the profiler's cost). (AT401 leaves
     out the kernels AT201 and AT202 own itself.)"""
@@ -122,7 +124,7 @@ def mark_subsumed(findings: list[dict[str, Any]]) -> None:
                 or (f["rule"] == "AT201" and str(f["evidence"].get("cause", "")).startswith("sdpa-math-upcast"))
                 or (f["rule"] == "AT301" and f["evidence"].get("sdpa_math_backend"))):
             f["subsumed_by"] = "AT202"
-        elif f["rule"] == "AT101" and "AT102" in rules and f["evidence"].get("in_unfused_attention"):
+        elif f["rule"] in ("AT101", "AT601") and "AT102" in rules and f["evidence"].get("in_unfused_attention"):
             f["subsumed_by"] = "AT102"
         elif f["rule"] in IDLE_RULES and idle_devices and (
                 f["where"].get("device") in idle_devices or f["where"].get("device") is None):

@@ -96,7 +96,7 @@ def test_lint_page_draws_a_timeline_with_a_mark_per_kernel_class(tmp_path: Path)
     report = api.lint([sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math")])
     dom = render(report.to_html(), tmp_path)
     assert dom.errors == []
-    assert set(dom.figures) == {"timeline-0", "timeline-1"}
+    assert set(dom.figures) == {"timeline-0", "timeline-1", "roofline-0", "roofline-1"}
     for n, trace in enumerate(report.traces):
         timeline = report.timelines[trace.path]
         rules = sorted({f["rule"] for s in timeline["steps"] for f in s["flagged"]})

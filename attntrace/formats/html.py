@@ -167,6 +167,10 @@ def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]])
             body.append(_figure_html(fig, f"timeline-{n}"))
         elif timeline is not None:
             body.append("<p class=\"muted\">no GPU activity in steps: no timeline</p>")
+        if trace.get("roofline") and trace["roofline"]["ops"]:
+            from attntrace.formats.roofline_plot import roofline_figure
+
+            body.append(_figure_html(roofline_figure(trace["roofline"], "Roofline"), f"roofline-{n}"))
         found = sorted((f for f in report["findings"] if f["trace"] == path),
                        key=lambda f: (-f["impact"]["gpu_us_per_step"], f["rule"], f["fingerprint"]))
         body.append(f"<h3>{len(found)} cause(s)</h3>")

@@ -1,0 +1,191 @@
+"""The FLOP and byte formulas (attntrace/flops.py) against counts made another way: torch's FlopCounterMode on
+ops recorded by the real profiler on the CPU (where torch is installed), and hand counts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attntrace import flops
+from attntrace.loading import load
+
+
+# --- hand counts (no torch) ------------------------------------------------------------------------
+def test_gemm_hand_counts() -> None:
+    bf16 = "c10::BFloat16"
+    mm = flops.op_cost("aten::mm", [[128, 64], [64, 32]], [bf16, bf16], ["", ""])
+    assert mm is not None and mm.flops == 2 * 128 * 64 * 32 and mm.precision == "bf16"
+    assert mm.bytes == (128 * 64 + 64 * 32 + 128 * 32) * 2
+    addmm = flops.op_cost("aten::addmm", [[32], [128, 64], [64, 32], [], []], [bf16] * 3 + ["Scalar"] * 2, None)
+    assert addmm is not None and addmm.flops == 2 * 128 * 64 * 32 and addmm.bytes == mm.bytes + 32 * 2
+    bmm = flops.op_cost("aten::bmm", [[4, 16, 8], [4, 8, 2]], ["float", "float"], None)
+    assert bmm is not None and bmm.flops == 2 * 4 * 16 * 8 * 2 and bmm.precision == "fp32"
+    # matmul broadcasts a 3-D batch against a matrix; linear's weight is [out, in]
+    assert flops.op_cost("aten::matmul", [[3, 5, 7], [7, 11]], [bf16, bf16], None).flops == 2 * 3 * 5 * 7 * 11
+    assert flops.op_cost("aten::linear", [[2, 3, 7], [11, 7], [11]], [bf16] * 3, None).flops == 2 * 6 * 7 * 11
+    assert flops.op_cost("aten::mm", [[3, 4, 5], [5, 6]], [bf16, bf16], None) is None  # mm takes matrices only
+
+
+def test_attention_hand_counts() -> None:
+    bf16 = "c10::BFloat16"
+    q = [2, 8, 16, 64]
+    full = flops.op_cost("aten::_scaled_dot_product_flash_attention", [q, q, q], [bf16] * 3,
+                         ["", "", "", "0.", "False"])
+    causal = flops.op_cost("aten::_scaled_dot_product_flash_attention", [q, q, q], [bf16] * 3,
+                           ["", "", "", "0.", "True"])
+    assert full is not None and causal is not None
+    assert full.flops == 2 * (2 * 8 * 16 * 16) * (64 + 64)  # batch x heads x S x S pairs, 2*D for each matmul
+    assert causal.flops == 2 * (2 * 8 * (16 * 17 // 2)) * (64 + 64)  # the diagonal and below
+    # GQA: 8 query heads on 2 KV heads do the FLOPs of 8 heads, and read a quarter of the keys and values
+    kv = [2, 2, 16, 64]
+    gqa = flops.op_cost("aten::_scaled_dot_product_cudnn_attention", [q, kv, kv], [bf16] * 3,
+                        ["", "", "", "", "True", "0.", "False"])
+    assert gqa is not None and gqa.flops == full.flops and gqa.bytes < full.bytes
+    assert gqa.bytes == (2 * 8 * 16 * 128 + 2 * 2 * 16 * 128) * 2
+    # FlashAttention's own layout [batch, seq, heads, dim], causal at its index 8; and its backward
+    bshd = [2, 16, 8, 64]
+    own = flops.op_cost("aten::_flash_attention_forward", [bshd] * 3, [bf16] * 3, [""] * 8 + ["True"])
+    assert own is not None and own.flops == causal.flops
+    back = flops.op_cost("aten::_flash_attention_backward", [bshd] * 5, [bf16] * 5, [""] * 11 + ["True"])
+    assert back is not None and back.flops == 2 * causal.flops and back.hw_flops == 2.5 * causal.flops
+    # decode: one query sees the whole cache of 100 keys
+    one = flops.op_cost("aten::_scaled_dot_product_flash_attention", [[1, 4, 1, 64], [1, 4, 100, 64],
+                        [1, 4, 100, 64]], [bf16] * 3, ["", "", "", "0.", "False"])
+    assert one is not None and one.flops == 2 * 4 * 100 * 128
+
+
+def test_attended_pairs_closed_form_matches_the_loop() -> None:
+    """The closed form of one sequence's pairs against a direct count of every (query, key) pair."""
+    for kv in (1, 5, 17):
+        for q in range(1, kv + 1):
+            for causal in (False, True):
+                for window in (None, 1, 3, 40):
+                    want = 0
+                    for row in range(q):
+                        pos = kv - q + row
+                        for key in range(kv):
+                            seen = key <= pos if causal else True
+                            if window:
+                                seen = seen and pos - window < key if causal else pos - window < key
+                            want += seen
+                    assert flops._pairs_one(q, kv, causal, window) == want, (q, kv, causal, window)
+
+
+def test_conv_hand_count_with_stride_padding_dilation_groups() -> None:
+    # input [2, 8, 15, 15], weight [16, 4, 3, 3] (groups 2), stride 2, padding 1, dilation 2: output 7x7
+    cost = flops.op_cost("aten::convolution", [[2, 8, 15, 15], [16, 4, 3, 3], []], ["float"] * 2 + [""],
+                         ["", "", "", "[2, 2]", "[1, 1]", "[2, 2]", "False", "[0, 0]", "2"])
+    out = (15 + 2 * 1 - 2 * (3 - 1) - 1) // 2 + 1
+    assert out == 7
+    assert cost is not None and cost.flops == 2 * 2 * 16 * out * out * 4 * 3 * 3
+
+
+def test_bus_bytes_follow_nccl_tests() -> None:
+    """nccl-tests' busBw factors: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
+    assert flops.bus_bytes("allreduce", 1000, 4) == 1500
+    assert flops.bus_bytes("allgather", 1000, 4) == 750
+    assert flops.bus_bytes("reducescatter", 800, 8) == 700
+    assert flops.bus_bytes("allreduce", 1000, 1) is None
+    cost = flops.op_cost("c10d::allreduce_", [[1024]], ["float"], None, ranks=2)
+    assert cost is not None and cost.kind == "communication" and cost.bytes == 4096
+
+
+def test_bytes_only_ops() -> None:
+    add = flops.op_cost("aten::add", [[4, 8], [4, 8], []], ["c10::BFloat16", "c10::BFloat16", "Scalar"], None)
+    assert add is not None and add.kind == "elementwise" and add.bytes == 3 * 32 * 2 and add.flops == 0
+    norm = flops.op_cost("aten::native_layer_norm", [[4, 8], [], [8], [8], []],
+                         ["float", "ScalarList", "float", "float", "Scalar"], None)
+    assert norm is not None and norm.kind == "norm"
+    assert flops.op_cost("aten::sum", [[4, 8]], ["float"], None).kind == "reduction"
+    assert flops.op_cost("aten::fill_", [[8], []], ["float", "Scalar"], None).bytes == 32  # written, not read
+
+
+# --- against FlopCounterMode on ops the real profiler recorded -------------------------------------
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Ops run once each under the CPU profiler with record_shapes, and FlopCounterMode's count of the same calls."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    a, b = torch.randn(24, 40), torch.randn(40, 56)
+    x3, w3 = torch.randn(3, 24, 40), torch.randn(3, 40, 8)
+    lin_x, lin = torch.randn(2, 5, 40), torch.nn.Linear(40, 24)
+    img = torch.randn(2, 6, 17, 17, requires_grad=True)
+    conv = torch.nn.Conv2d(6, 12, 3, stride=2, padding=1, dilation=2, groups=3)
+    # FlopCounterMode counts a grouped conv's weight gradient `groups` times over (it drops the groups there):
+    # the backward is checked on an ungrouped one, the grouped count by hand above.
+    conv_one = torch.nn.Conv2d(6, 12, 3, stride=2, padding=1, dilation=2)
+    q = torch.randn(2, 4, 32, 16, requires_grad=True)
+    k = torch.randn(2, 4, 32, 16, requires_grad=True)
+    v = torch.randn(2, 4, 32, 16, requires_grad=True)
+    calls = {
+        "aten::mm": lambda: torch.mm(a, b),
+        "aten::bmm": lambda: torch.bmm(x3, w3),
+        "aten::addmm": lambda: lin(lin_x[0]),
+        "aten::baddbmm": lambda: torch.baddbmm(torch.zeros(3, 24, 8), x3, w3),
+        "aten::convolution": lambda: conv(img),
+        "aten::convolution_backward": lambda: conv_one(img).sum().backward(),
+    }
+    counts = {}
+    for name, call in calls.items():
+        with FlopCounterMode(display=False) as counter:
+            call()
+        counts[name] = counter.get_total_flops()
+        if name == "aten::convolution_backward":
+            with FlopCounterMode(display=False) as forward:
+                conv_one(img)
+            counts[name] -= forward.get_total_flops()  # the forward it ran first
+    path = Path(tmp_path_factory.mktemp("prof")) / "cpu.pt.trace.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for call in calls.values():
+            call()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    prof.export_chrome_trace(str(path))
+    return {"trace": load(str(path)), "counts": counts, "shape": list(q.shape)}
+
+
+def _first(trace: Any, name: str, nth: int = 0) -> flops.Cost | None:
+    found = [i for i, n in enumerate(trace.op_names) if n == name]
+    dims, types, concrete = trace.op_input(found[nth])
+    return flops.op_cost(name, dims, types, concrete)
+
+
+@pytest.mark.parametrize("name", ["aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::convolution",
+                                  "aten::convolution_backward"])
+def test_gemm_and_conv_match_flop_counter_mode(recorded: dict[str, Any], name: str) -> None:
+    cost = _first(recorded["trace"], name)
+    assert cost is not None, f"no model for the recorded {name}"
+    assert cost.flops == recorded["counts"][name]
+
+
+def test_sdpa_matches_torch_count_and_hand_count_for_causal(recorded: dict[str, Any]) -> None:
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    trace, shape = recorded["trace"], recorded["shape"]
+    forward = _first(trace, "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert forward is not None and forward.flops == sdpa_flop_count(shape, shape, shape)
+    backward = _first(trace, "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    # torch counts the backward's five matmuls (the scores recomputed): the hardware's FLOPs; the model's are
+    # PaLM's MFU convention, four matmuls, twice the forward
+    assert backward is not None and backward.hw_flops == sdpa_backward_flop_count(shape, shape, shape, shape)
+    assert backward.flops == 2 * forward.flops
+    causal = _first(trace, "aten::_scaled_dot_product_flash_attention_for_cpu", 1)
+    batch, heads, seq, dim = shape
+    assert causal is not None and causal.flops == 4 * batch * heads * dim * seq * (seq + 1) // 2
+    assert math.isclose(causal.flops / forward.flops, (seq + 1) / (2 * seq))
+
+
+def test_shapes_no_tensor_has_get_no_cost() -> None:
+    """A hostile trace's sizes (negative, a stride of 0, a product past what a float holds) are no model, not
+    an exception that would cost the whole report."""
+    huge = [2**63 - 1] * 20
+    assert flops.op_cost("aten::mm", [huge, [3, 4]], ["float", "float"], None) is None
+    assert flops.op_cost("aten::add", [huge, huge], ["float", "float"], None) is None
+    assert flops.op_cost("aten::mm", [[-1, 4], [4, 5]], ["float", "float"], None) is None
+    assert flops.op_cost("aten::convolution", [[1, 3, 8, 8], [4, 3, 3, 3]], ["float", "float"],
+                         ["", "", "", "[0, 0]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]) is None
