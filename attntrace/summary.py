@@ -9,6 +9,7 @@ import polars as pl
 
 from attntrace import occupancy, taxonomy
 from attntrace.model import Trace, busy_us
+from attntrace.model.measured import calibration_json
 from attntrace.model.replay import RECORDED_STEP
 
 SDPA_OPS = {
@@ -107,7 +108,7 @@ def _busy_by_device(frame: pl.DataFrame) -> dict[Any, float]:
 def profiler_cost(trace: Trace) -> dict[str, Any]:
     """How the trace was recorded and what recording cost: the profiler's settings, its estimated CPU time per
     step, and the step as recorded and as replayed without it (medians over steady steps, busiest device)."""
-    result = trace.replay
+    result = trace.estimate
     out: dict[str, Any] = {
         "settings": result.settings,
         "events_per_step": {k: _r(v) for k, v in result.events_per_step.items()},
@@ -123,15 +124,46 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
         out.update({"device": busiest["device"], "cpu_us_per_step": _r(busiest["profiler_cpu_us"]),
                     "recorded_step_us": _r(busiest["recorded_us"]), "est_step_us": _r(busiest["est_step_us"]),
                     "gpu_busy_us": _r(busiest["gpu_busy_us"]), "est_idle_us": _r(busiest["est_idle_us"])})
+    out.update(measured_fields(trace, out))
     return out
+
+
+def measured_fields(trace: Trace, estimate: dict[str, Any]) -> dict[str, Any]:
+    """The step without the profiler as the rules take it, beside the estimate (profiler_cost's est_step_us): the
+    step measured in the capturing run where the trace carries one (attntrace.profile), the estimate's error
+    against it, and the replay calibrated to it (model/measured.py)."""
+    measured = trace.meta.measured
+    calibration = trace.calibration
+    step, idle, profiler_us = estimate["est_step_us"], estimate["est_idle_us"], estimate["cpu_us_per_step"]
+    if calibration is not None:
+        per_device = calibration.replay.per_device().filter(pl.col("device") == calibration.device)
+        row = per_device.row(0, named=True)
+        step, idle, profiler_us = (_r(row["est_step_us"]), _r(row["est_idle_us"]), _r(row["profiler_cpu_us"]))
+    measured_us = measured.step_us if measured is not None else None
+    est = estimate["est_step_us"]
+    return {
+        "step_basis": "measured" if measured_us is not None else "estimated" if est is not None else None,
+        # The program's step without the profiler: measured where the trace has it, else the estimate.
+        "step_us": _r(measured_us) if measured_us is not None else est,
+        "measured_step_us": _r(measured_us),
+        "est_error": round((est - measured_us) / measured_us, 4) if measured_us and est is not None else None,
+        # The replay the rules judge (calibrated where a step was measured): its step, idle and profiler cost.
+        "replay_step_us": step, "replay_idle_us": idle, "replay_profiler_cpu_us": profiler_us,
+        "measured": measured.as_json() if measured is not None else None,
+        "calibration": calibration_json(calibration),
+    }
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
     steps = trace.step_table.drop("step_us")
     # Each step's own figures, and whether it is one of the steady steps whose medians the profiler line gives.
-    steady = trace.replay.steady.select("step", "device", pl.lit(True).alias("steady"))
-    replayed = (trace.replay.table
+    steady = trace.estimate.steady.select("step", "device", pl.lit(True).alias("steady"))
+    # Each step's estimate, and the calibrated replay's step where a step was measured (null otherwise).
+    calibrated = (trace.calibration.replay.table if trace.calibration is not None else trace.estimate.table.clear()
+                  ).select("step", "device", pl.col("est_step_us").alias("calibrated_step_us"))
+    replayed = (trace.estimate.table
                 .select("step", "device", RECORDED_STEP.alias("recorded_step_us"), "est_step_us", "profiler_cpu_us")
+                .join(calibrated, on=["step", "device"], how="left", nulls_equal=True)
                 .join(steady, on=["step", "device"], how="left", nulls_equal=True)
                 .with_columns(pl.col("steady").fill_null(False)))
     steps = steps.join(replayed, on=["step", "device"], how="left", nulls_equal=True)

@@ -162,8 +162,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         apis = sorted({r["name"] for r in rows})
         cause, fix = _cause(chain)
         where_step = "step" if ctx.trace.has_step_markers else "trace"
+        basis = ("replayed to the step measured without the profiler" if ctx.trace.step_basis == "measured"
+                 else "estimated")
         measured = (f"~{fmt_us(idle_per_step)} per {where_step} without the profiler ({100 * share:.1f}% of it, "
-                    f"estimated; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
+                    f"{basis}; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
                     f"{fmt_us(idle_per_step)} per {where_step} ({100 * share:.1f}% of it)")
         findings.append(ctx.finding(
             op=rows[0]["op"],
@@ -177,7 +179,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       sum(r["dur"] for r in rows) / steps, "gpu_idle_us_after_each":
                       [r["idle_us"] for r in sorted(rows, key=lambda r: r["ts"])],
                       "gpu_idle_us_per_step": idle_per_step, "recorded_gpu_idle_us_per_step": recorded_per_step,
-                      "without_profiler": bool(by_replay)},
+                      "without_profiler": bool(by_replay), "step_basis": ctx.trace.step_basis},
             gpu_us_per_step=idle_per_step,
             saving=IDLE_REMOVED,
             assumption=("the GPU's wait after the sync, replayed without the profiler's cost; removing the sync "

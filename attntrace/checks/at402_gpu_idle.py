@@ -80,7 +80,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if replayed.reason:
         raise Skip(f"the step cannot be estimated without the profiler's own cost ({replayed.reason})")
     per_window, gaps = _idle(ctx, _windows(ctx))
-    uncertain = _compiled_with_stack(ctx)
+    # A measured step leaves no doubt about the profiler's cost: the replay is fitted to it.
+    uncertain = _compiled_with_stack(ctx) and ctx.trace.step_basis == "estimated"
     findings = []
     # Medians of the steady steps (Replay.per_device): the condition holds in most of them, so two captures of one
     # program agree; the same step as summary's and AT302's.
@@ -184,6 +185,9 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     else:
         waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
     settings = ctx.trace.replay.settings
+    measured = ctx.trace.step_basis == "measured"
+    # How the step without the profiler is known, in every message that gives one.
+    basis = "measured step, idle replayed to it" if measured else "estimated"
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
     # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
@@ -204,15 +208,18 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         # 29.6% is not "30%, under the 30%".
         left = f"{100 * est_share:.0f}" if round(100 * est_share) < round(100 * threshold) else f"{100 * est_share:.1f}"
         message = (f"the GPU looks idle {100 * rec_share:.0f}% of the step as recorded ({fmt_ms(rec_idle)} of "
-                   f"{fmt_ms(rec_span)}), ~{left}% without the profiler (estimated: "
+                   f"{fmt_ms(rec_span)}), ~{left}% without the profiler ({basis}: "
                    f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), under the {100 * threshold:.0f}% this rule warns "
                    f"at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
-        fix = (f"Time the step without the profiler to confirm: the estimate leaves ~{left}% idle, "
+        fix = (f"Nothing to fix: the step was timed without the profiler in the capturing run, and replayed to it the "
+               f"GPU is idle ~{left}%, under the threshold." if measured else
+               f"Time the step without the profiler to confirm (capture with `attntrace.profile`, which does): the "
+               f"estimate leaves ~{left}% idle, "
                "under the threshold, in the gaps named in the evidence. To see the program's own idle in a trace, "
                "record with fewer settings (record_shapes and with_stack cost the most); lint with your "
                "machine's costs (`attntrace run --calibrate-profiler`).")
     else:
-        message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler (estimated: "
+        message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler ({basis}: "
                    f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
                    f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; the largest recorded gap "
                    f"({fmt_ms(first['idle_us'])}) {waits}")
@@ -220,6 +227,10 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     # The costs the replay used: a config's (run --calibrate-profiler) or the defaults.
     costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
                   else "attntrace/profiler_cost.toml")
+    calibration = ctx.trace.calibration
+    if calibration is not None:
+        costs_file += (f", scaled x{calibration.scale:.2f} so that the replayed step matches the "
+                       f"{fmt_ms(calibration.measured_us)} measured without the profiler")
     return ctx.finding(
         key=f"gpu-idle|{device}",
         device=device,
@@ -231,13 +242,16 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                   "recorded_idle_share": rec_share, "profiler_cpu_us_per_step": profiler_us,
                   "profiler_settings": settings, "largest_recorded_gaps": largest,
                   "profiler_only": profiler_only, "undetermined": share_range is not None,
+                  "step_basis": ctx.trace.step_basis,
+                  "measured_step_us": calibration.measured_us if calibration is not None else None,
                   "est_idle_share_range": list(share_range) if share_range is not None else None},
         # Under the threshold without the profiler, the idle it leaves is in the message and the evidence, not a
         # saving in the headline; one the trace cannot tell keeps its central estimate, beside the range in the
         # message, as info. Neither counts in the trace's total (report.promises_nothing).
         gpu_us_per_step=0.0 if profiler_only else est_idle,
         saving=IDLE_REMOVED,
-        assumption=(f"estimated without the profiler's cost ({costs_file}); the idle goes if the CPU keeps the GPU fed"
+        assumption=(f"{'replayed' if measured else 'estimated'} without the profiler's cost ({costs_file}); the idle "
+                    "goes if the CPU keeps the GPU fed"
                     + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None else "")),
         step_us=est_step,
         fix=fix,

@@ -14,6 +14,7 @@ from attntrace import taxonomy
 from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
+from attntrace.model.measured import Calibration, Measured, calibrate
 from attntrace.model.replay import ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.read.decoding import decode_raw
@@ -40,6 +41,7 @@ class TraceMeta:
     dropped_events: int
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False
+    measured: Measured | None = None  # the steps timed without the profiler in the capturing run (model/measured.py)
 
     def device(self, index: int | None) -> dict[str, Any]:
         """Properties of a GPU by index; the first one when the index is unknown."""
@@ -218,12 +220,36 @@ class Trace:
                 .select("step", "device", pl.coalesce("cpu_us", "any_us").alias("cpu_us"),
                         pl.coalesce("capture", "any_capture").alias("capture")))
 
+    @property
+    def _profiler_costs(self) -> ProfilerCosts:
+        costs = self.shared.get("profiler_costs")
+        return costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default()
+
+    @cached_property
+    def estimate(self) -> Replay:
+        """The steady steps replayed without the profiler's own CPU cost (model/replay.py), with the per-event
+        costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults: the estimate,
+        whether or not the trace carries a measured step."""
+        return replay(self, self._profiler_costs)
+
+    @cached_property
+    def calibration(self) -> Calibration | None:
+        """The replay fitted to the step measured without the profiler in the capturing run (attntrace.profile),
+        where the trace carries one and a replay can be made; None otherwise."""
+        measured = self.meta.measured
+        if measured is None or measured.step_us is None:
+            return None
+        return calibrate(self, self._profiler_costs, self.estimate, measured.step_us)
+
     @cached_property
     def replay(self) -> Replay:
-        """The steady steps replayed without the profiler's own CPU cost (model/replay.py), with the per-event
-        costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults."""
-        costs = self.shared.get("profiler_costs")
-        return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
+        """The replay the rules judge: calibrated to the measured step where the trace has one, else the estimate."""
+        return self.calibration.replay if self.calibration is not None else self.estimate
+
+    @property
+    def step_basis(self) -> str:
+        """How the step without the profiler is known: "measured" (in the capturing run) or "estimated"."""
+        return "measured" if self.calibration is not None else "estimated"
 
     @property
     def profiler_costs_from(self) -> str:
