@@ -8,6 +8,7 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, fmt_us
 from attntrace.model.intervals import merged_runs
+from attntrace.model.measured import measured_pace
 from attntrace.model.replay import BLOCKING_CALLS, SYNC_FLOOR_US, Replay
 
 BLOCKING = sorted(BLOCKING_CALLS)
@@ -136,7 +137,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     syncs = syncs.with_columns(pl.Series("idle_us", idle, dtype=pl.Float64),
                                pl.Series("recorded_idle_us", recorded_idle, dtype=pl.Float64))
     steady = replayed.per_device()
-    est_step = {d: s for d, s in steady.select("device", "est_step_us").iter_rows()}
+    est_step = {d: measured_pace(ctx.trace.calibration, d, s, i, b)[0]
+                for d, s, i, b in steady.select("device", "est_step_us", "est_idle_us", "gpu_busy_us").iter_rows()}
     # Per op chain and device: in a merged trace of two ranks, one rank's sync per step and the other's four were
     # one finding ("23 host syncs in 8 steps"), nested under the first rank's idle.
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}

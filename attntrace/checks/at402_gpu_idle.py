@@ -9,6 +9,7 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
 from attntrace.model.intervals import merged_runs
+from attntrace.model.measured import measured_pace
 from attntrace.model.replay import INDUCTOR_KERNEL_OP
 
 TOP_GAPS = 3
@@ -87,6 +88,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     # program agree; the same step as summary's and AT302's.
     for pace in replayed.per_device().iter_rows(named=True):
         device = pace["device"]
+        # A measured step the replay could not be fitted to is the step judged (model/measured.py).
+        pace["est_step_us"], pace["est_idle_us"] = measured_pace(ctx.trace.calibration, device, pace["est_step_us"],
+                                                                 pace["est_idle_us"], pace["gpu_busy_us"])
         steps = replayed.steady.filter(pl.col("device") == device)
         recorded = per_window.filter((pl.col("device") == device)
                                      & pl.col("step").is_in(steps["step"].to_list()))
@@ -187,7 +191,8 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     settings = ctx.trace.replay.settings
     measured = ctx.trace.step_basis == "measured"
     # How the step without the profiler is known, in every message that gives one.
-    basis = "measured step, idle replayed to it" if measured else "estimated"
+    fitted = measured and ctx.trace.calibration is not None and ctx.trace.calibration.reached
+    basis = "measured step, idle replayed to it" if fitted else "measured step" if measured else "estimated"
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
     # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
@@ -211,7 +216,7 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                    f"{fmt_ms(rec_span)}), ~{left}% without the profiler ({basis}: "
                    f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), under the {100 * threshold:.0f}% this rule warns "
                    f"at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
-        fix = (f"Nothing to fix: the step was timed without the profiler in the capturing run, and replayed to it the "
+        fix = (f"Nothing to fix: the step was timed without the profiler in the capturing run, and in it the "
                f"GPU is idle ~{left}%, under the threshold." if measured else
                f"Time the step without the profiler to confirm (capture with `attntrace.profile`, which does): the "
                f"estimate leaves ~{left}% idle, "
@@ -228,9 +233,13 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
                   else "attntrace/profiler_cost.toml")
     calibration = ctx.trace.calibration
-    if calibration is not None:
+    if calibration is not None and calibration.reached:
         costs_file += (f", scaled x{calibration.scale:.2f} so that the replayed step matches the "
                        f"{fmt_ms(calibration.measured_us)} measured without the profiler")
+    elif calibration is not None:
+        costs_file += (f"; no scale brings the replay to the {fmt_ms(calibration.measured_us)} measured without the "
+                       f"profiler (it came to {fmt_ms(calibration.calibrated_us)}): the measured step is judged, "
+                       "what it holds beyond the GPU's work as idle")
     return ctx.finding(
         key=f"gpu-idle|{device}",
         device=device,

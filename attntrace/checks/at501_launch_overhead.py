@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
+from attntrace.model.measured import measured_pace
 from attntrace.model.replay import ProfilerCosts
 
 # One graph launch replays a whole step's kernels for about this much CPU (cudaGraphLaunch, H200, no profiler).
@@ -83,7 +84,8 @@ def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl
     count = float(bound["launches"].median())
     # The step of these steps as AT402 and summary give it (Replay.per_device: medians, no shorter than the CPU's).
     pace = ctx.trace.replay.per_device(bound["step"].to_list()).filter(pl.col("device") == device).row(0, named=True)
-    est_step, est_idle = pace["est_step_us"], pace["est_idle_us"]
+    est_step, est_idle = measured_pace(ctx.trace.calibration, device, pace["est_step_us"], pace["est_idle_us"],
+                                       pace["gpu_busy_us"])
     # What one graph launch instead of the step's launches saves the CPU; the step shrinks by that much at most,
     # and by no more than the idle it has (the GPU's own time stays).
     saving = max(0.0, min(launch_us - GRAPH_LAUNCH_US, est_idle))

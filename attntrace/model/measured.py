@@ -186,3 +186,15 @@ def calibration_json(calibration: Calibration | None) -> dict[str, Any] | None:
     return {"scale": calibration.scale, "replays": calibration.replays, "reached": calibration.reached,
             "estimated_step_us": _r(calibration.estimated_us), "calibrated_step_us": _r(calibration.calibrated_us),
             "estimate_error": round(calibration.estimate_error, 4), "device": calibration.device}
+
+
+def measured_pace(calibration: Calibration | None, device: int, step_us: float, idle_us: float,
+                  gpu_busy_us: float) -> tuple[float, float]:
+    """A device's step and idle without the profiler as the rules judge them (step_us, idle_us: the replay's
+    medians): the replay's, unless a step was measured on this device's process that the replay could not be
+    brought to (a step as recorded longer than the profiler's cost explains, or a host that moved between the
+    timing and the capture). Then the measured step, no shorter than the GPU's work, with what is left of it idle."""
+    if calibration is None or calibration.reached or device != calibration.device:
+        return step_us, idle_us
+    step = max(calibration.measured_us, gpu_busy_us)
+    return step, step - gpu_busy_us
