@@ -141,7 +141,15 @@ def measured_fields(trace: Trace, estimate: dict[str, Any]) -> dict[str, Any]:
         step, idle, profiler_us = (_r(row["est_step_us"]), _r(row["est_idle_us"]), _r(row["profiler_cpu_us"]))
     measured_us = measured.step_us if measured is not None else None
     est = estimate["est_step_us"]
+    # Where nothing was measured: the range the estimate lies in, from the calibration's spread for traces recorded
+    # like this one (attntrace/profiler_spread.toml).
+    spread = trace.estimate_spread if measured_us is None and est is not None else None
+    est_range = (spread.step_range(est, estimate["cpu_us_per_step"] or 0.0, estimate["gpu_busy_us"] or 0.0)
+                 if spread is not None else None)
     return {
+        "est_step_range_us": [_r(v) for v in est_range] if est_range else None,
+        "est_spread": {"group": spread.group, "cost_ratio": [spread.cost_ratio_low, spread.cost_ratio_high],
+                       "captures": spread.captures} if spread is not None else None,
         "step_basis": "measured" if measured_us is not None else "estimated" if est is not None else None,
         # The program's step without the profiler: measured where the trace has it, else the estimate.
         "step_us": _r(measured_us) if measured_us is not None else est,

@@ -9,7 +9,7 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
 from attntrace.model.intervals import merged_runs
-from attntrace.model.measured import measured_pace
+from attntrace.model.measured import Spread, measured_pace
 from attntrace.model.replay import INDUCTOR_KERNEL_OP
 
 TOP_GAPS = 3
@@ -81,8 +81,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if replayed.reason:
         raise Skip(f"the step cannot be estimated without the profiler's own cost ({replayed.reason})")
     per_window, gaps = _idle(ctx, _windows(ctx))
-    # A measured step leaves no doubt about the profiler's cost: the replay is fitted to it.
-    uncertain = _compiled_with_stack(ctx) and ctx.trace.step_basis == "estimated"
+    # How sure the estimate is, from the calibration's spread for traces recorded like this one; a measured step
+    # leaves no doubt about the profiler's cost (the replay is fitted to it), and has no spread.
+    spread = ctx.trace.estimate_spread
     findings = []
     # Medians of the steady steps (Replay.per_device): the condition holds in most of them, so two captures of one
     # program agree; the same step as summary's and AT302's.
@@ -97,8 +98,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         est_idle, est_step = pace["est_idle_us"], pace["est_step_us"]
         rec_idle = float(recorded["idle"].median()) if recorded.height else 0.0
         rec_span = float(recorded["span"].median()) if recorded.height else 0.0
-        low, high = _idle_share_range(est_idle, est_step, pace["profiler_cpu_us"],
-                                      COMPILED_WITH_STACK_COST_ERROR if uncertain else 0.0)
+        low, high = _idle_share_range(est_idle, est_step, pace["profiler_cpu_us"], spread)
         threshold = ctx.params["min_idle_share"]
         if low < threshold <= high and _idle_enough(ctx, rec_idle, rec_span):
             findings.append(_finding(ctx, pace, steps, recorded, gaps, profiler_only=False, share_range=(low, high)))
@@ -109,14 +109,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
-def _idle_share_range(est_idle: float, est_step: float, profiler_us: float, cost_error: float) -> tuple[float, float]:
-    """The idle share of the step without the profiler if its estimated cost is off by `cost_error` either way:
-    more cost leaves a shorter step (never shorter than its GPU work), less cost a longer one."""
+def _idle_share_range(est_idle: float, est_step: float, profiler_us: float,
+                      spread: Spread | None) -> tuple[float, float]:
+    """The idle share of the step without the profiler if the profiler's real cost was what the calibration's spread
+    allows (model/measured.py: more cost leaves a shorter step, never shorter than its GPU work, less cost a longer
+    one); the estimate's own share at both ends where the step was measured."""
     if not est_step:
         return 0.0, 0.0
     busy = est_step - est_idle
-    shortest = max(busy, est_step - cost_error * profiler_us)
-    longest = est_step + cost_error * profiler_us
+    if spread is None:
+        return est_idle / est_step, est_idle / est_step
+    shortest, longest = spread.step_range(est_step, profiler_us, busy)
     return (shortest - busy) / shortest if shortest else 0.0, (longest - busy) / longest
 
 
@@ -125,12 +128,17 @@ def _idle_share_range(est_idle: float, est_step: float, profiler_us: float, cost
 # length), so an error of a tenth in it moves the estimated step by up to 40%.
 COMPILED_WITH_STACK = ("; compiled code recorded with with_stack is the least certain estimate (the profiler cost "
                        "several times the step there): capture without with_stack to confirm")
-# How far off the replay's profiler cost was there: the cost it removed against the recorded step less the
-# un-profiled one, 0.63x to 1.12x over the 26 with-stack captures of eight compiled models (bench/profiler_rounds.py).
-COMPILED_WITH_STACK_COST_ERROR = 0.25
-UNDETERMINED_FIX = ("Capture this program again without with_stack (record_shapes alone costs a fraction of it) and "
-                    "lint that trace: its estimate without the profiler is close enough to judge the idle; or time "
-                    "the step without the profiler and compare it with the GPU busy time.")
+UNDETERMINED_FIX = ("Capture this program again with `attntrace.profile(...)` (torch.profiler.profile's arguments, and "
+                    "a schedule with wait >= 1): it times the step without the profiler and keeps it in the trace, "
+                    "which lint then judges; or capture it without with_stack (record_shapes alone costs a fraction "
+                    "of it), whose estimate is closer.")
+
+
+def share_range_of(ctx: Context, pace: dict[str, Any], high: bool = False) -> float:
+    """One end of the idle share's range for a device's pace (Replay.per_device's row), from the estimate's spread."""
+    found = _idle_share_range(pace["est_idle_us"], pace["est_step_us"], pace["profiler_cpu_us"],
+                              ctx.trace.estimate_spread)
+    return found[1] if high else found[0]
 
 
 def _compiled_with_stack(ctx: Context) -> bool:
@@ -190,6 +198,10 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         waits = f"waits on {', '.join(first['cpu_ops'][:3]) or 'no CPU op (the CPU was outside the profiled ops)'}"
     settings = ctx.trace.replay.settings
     measured = ctx.trace.step_basis == "measured"
+    # Where nothing was measured, how sure the estimate is: the idle share if the profiler's real cost was within the
+    # calibration's spread for traces recorded like this one.
+    likely = (f"; likely {100 * share_range_of(ctx, pace):.0f}% to {100 * share_range_of(ctx, pace, high=True):.0f}%"
+              if ctx.trace.estimate_spread is not None else "")
     # How the step without the profiler is known, in every message that gives one.
     fitted = measured and ctx.trace.calibration is not None and ctx.trace.calibration.reached
     basis = "measured step, idle replayed to it" if fitted else "measured step" if measured else "estimated"
@@ -201,12 +213,17 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
             f"({events.get('cpu_ops', 0):.0f} ops, {events.get('runtime_calls', 0):.0f} runtime calls per step "
             "recorded)")
     if share_range is not None:
+        spread = ctx.trace.estimate_spread
+        kind = spread.group.replace("_", ", ").replace("no, ", "no ") if spread is not None else ""
+        known = (f"on calibration captures recorded like this one ({kind}) the profiler's real cost was "
+                 f"{spread.cost_ratio_low:.2f}x to {spread.cost_ratio_high:.2f}x the estimate's"
+                 if spread is not None else "")
         message = (f"cannot tell how idle the GPU is without the profiler: ~{100 * share_range[0]:.0f}% to "
                    f"~{100 * share_range[1]:.0f}% of the step (estimated ~{100 * est_share:.0f}%: {fmt_ms(est_idle)} "
                    f"of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded ({fmt_ms(rec_idle)} of "
                    f"{fmt_ms(rec_span)}): {cost}, {profiler_us / est_step if est_step else 0.0:.1f}x the step, "
-                   f"and on compiled code recorded with with_stack that cost is known to "
-                   f"±{100 * COMPILED_WITH_STACK_COST_ERROR:.0f}%")
+                   f"and {known}; the range's lower end is under the {100 * ctx.params['min_idle_share']:.0f}% this "
+                   "rule warns at, so this is info, not a warning")
         fix = UNDETERMINED_FIX
     elif profiler_only:
         threshold = ctx.params["min_idle_share"]
@@ -214,8 +231,8 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         left = f"{100 * est_share:.0f}" if round(100 * est_share) < round(100 * threshold) else f"{100 * est_share:.1f}"
         message = (f"the GPU looks idle {100 * rec_share:.0f}% of the step as recorded ({fmt_ms(rec_idle)} of "
                    f"{fmt_ms(rec_span)}), ~{left}% without the profiler ({basis}: "
-                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), under the {100 * threshold:.0f}% this rule warns "
-                   f"at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}{likely}), under the {100 * threshold:.0f}% this rule "
+                   f"warns at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
         fix = (f"Nothing to fix: the step was timed without the profiler in the capturing run, and in it the "
                f"GPU is idle ~{left}%, under the threshold." if measured else
                f"Time the step without the profiler to confirm (capture with `attntrace.profile`, which does): the "
@@ -225,7 +242,7 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                "machine's costs (`attntrace run --calibrate-profiler`).")
     else:
         message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler ({basis}: "
-                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}{likely}), {100 * rec_share:.0f}% as recorded "
                    f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; the largest recorded gap "
                    f"({fmt_ms(first['idle_us'])}) {waits}")
         fix = COLLECTIVE_FIX if first["blocking_collective"] else ctx.rule.docs["fix"]
@@ -253,7 +270,9 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                   "profiler_only": profiler_only, "undetermined": share_range is not None,
                   "step_basis": ctx.trace.step_basis,
                   "measured_step_us": calibration.measured_us if calibration is not None else None,
-                  "est_idle_share_range": list(share_range) if share_range is not None else None},
+                  "est_idle_share_range": list(share_range) if share_range is not None else
+                  [share_range_of(ctx, pace), share_range_of(ctx, pace, high=True)]
+                  if ctx.trace.estimate_spread is not None else None},
         # Under the threshold without the profiler, the idle it leaves is in the message and the evidence, not a
         # saving in the headline; one the trace cannot tell keeps its central estimate, beside the range in the
         # message, as info. Neither counts in the trace's total (report.promises_nothing).

@@ -77,9 +77,19 @@ def profiler_line(profiler: dict[str, Any]) -> str:
     if profiler.get("est_step_us") is None:
         return f"{text}; no estimate without the profiler: {profiler.get('reason')}" + _measured_text(profiler)
     return (f"{text}; ~{_ms(profiler['cpu_us_per_step'])} ms CPU per step: step {_ms(profiler['recorded_step_us'])} ms "
-            f"as recorded, ~{_ms(profiler['est_step_us'])} ms estimated without the profiler (GPU busy "
-            f"{_ms(profiler['gpu_busy_us'])} ms; medians of the steady steps, marked *, none shorter than the CPU "
-            "time it needs)" + _measured_text(profiler))
+            f"as recorded, ~{_ms(profiler['est_step_us'])} ms estimated without the profiler{_range(profiler)} "
+            f"(GPU busy {_ms(profiler['gpu_busy_us'])} ms; medians of the steady steps, marked *, none shorter than "
+            "the CPU time it needs)" + _measured_text(profiler))
+
+
+def _range(profiler: dict[str, Any]) -> str:
+    """", likely 20.1..27.3 ms (eager_stack: cost 0.63x..1.43x)": the estimate's range where nothing was measured."""
+    found, spread = profiler.get("est_step_range_us"), profiler.get("est_spread")
+    if not found or not spread:
+        return ""
+    low, high = spread["cost_ratio"]
+    return (f", likely {_ms(found[0])}..{_ms(found[1])} ms (the profiler's cost {low:.2f}x..{high:.2f}x the "
+            f"estimate's on calibration captures like it, {spread['group'].replace('_', ', ')})")
 
 
 def _measured_text(profiler: dict[str, Any]) -> str:

@@ -10,9 +10,12 @@ figures the rules take from the replay are those of the measured step.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import tomllib
 from dataclasses import dataclass, replace
+from importlib import resources
 from typing import Any
 
 from attntrace.model.replay import COST_NAMES, STEADY_RATIO, ProfilerCosts, Replay, replay
@@ -198,3 +201,33 @@ def measured_pace(calibration: Calibration | None, device: int, step_us: float, 
         return step_us, idle_us
     step = max(calibration.measured_us, gpu_busy_us)
     return step, step - gpu_busy_us
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far off the estimate's profiler cost was on the calibration captures of one kind (compiled or eager, with
+    or without stacks): the true cost over the cost the replay took away, its quartiles (the central half)."""
+    group: str
+    cost_ratio_low: float
+    cost_ratio_high: float
+    captures: int
+
+    def step_range(self, est_step_us: float, profiler_us: float, gpu_busy_us: float) -> tuple[float, float]:
+        """The step without the profiler if the profiler's cost (profiler_us a step, as the replay took it away) was
+        cost_ratio_low to cost_ratio_high times that: more cost, a shorter step, never shorter than the GPU's work."""
+        shortest = max(gpu_busy_us, est_step_us - (self.cost_ratio_high - 1.0) * profiler_us)
+        longest = est_step_us + (1.0 - self.cost_ratio_low) * profiler_us
+        return min(shortest, est_step_us), max(longest, est_step_us)
+
+
+@functools.cache
+def _spreads() -> dict[str, Spread]:
+    table = tomllib.loads(resources.files("attntrace").joinpath("profiler_spread.toml").read_text())
+    return {name: Spread(name, float(v["cost_ratio_low"]), float(v["cost_ratio_high"]), int(v["captures"]))
+            for name, v in table.items()}
+
+
+def spread_for(settings: dict[str, Any], compiled: bool) -> Spread:
+    """The spread of traces recorded like this one (bench/profiler_spread.py wrote attntrace/profiler_spread.toml)."""
+    name = f"{'compiled' if compiled else 'eager'}_{'stack' if settings.get('with_stack') else 'no_stack'}"
+    return _spreads()[name]

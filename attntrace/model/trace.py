@@ -14,8 +14,8 @@ from attntrace import taxonomy
 from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
-from attntrace.model.measured import Calibration, Measured, calibrate
-from attntrace.model.replay import ProfilerCosts, Replay, replay
+from attntrace.model.measured import Calibration, Measured, Spread, calibrate, spread_for
+from attntrace.model.replay import INDUCTOR_KERNEL_OP, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.read.decoding import decode_raw
 
@@ -245,6 +245,15 @@ class Trace:
     def replay(self) -> Replay:
         """The replay the rules judge: calibrated to the measured step where the trace has one, else the estimate."""
         return self.calibration.replay if self.calibration is not None else self.estimate
+
+    @property
+    def estimate_spread(self) -> Spread | None:
+        """How sure the estimate without the profiler is, from the calibration captures recorded like this trace
+        (compiled or eager, with or without stacks); None where the step was measured."""
+        if self.calibration is not None:
+            return None
+        compiled = bool(self.ops.height) and bool(self.ops["name"].str.starts_with(INDUCTOR_KERNEL_OP).any())
+        return spread_for(self.estimate.settings, compiled)
 
     @property
     def step_basis(self) -> str:
