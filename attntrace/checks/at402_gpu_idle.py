@@ -100,7 +100,9 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         rec_span = float(recorded["span"].median()) if recorded.height else 0.0
         low, high = _idle_share_range(est_idle, est_step, pace["profiler_cpu_us"], spread)
         threshold = ctx.params["min_idle_share"]
-        if low < threshold <= high and _idle_enough(ctx, rec_idle, rec_span):
+        # A warning whose range's lower end is under the threshold is info, and says so; an idle under it at the
+        # estimate is the profiler's (info, with its range).
+        if low < threshold and _idle_enough(ctx, est_idle, est_step):
             findings.append(_finding(ctx, pace, steps, recorded, gaps, profiler_only=False, share_range=(low, high)))
         elif _idle_enough(ctx, est_idle, est_step):
             findings.append(_finding(ctx, pace, steps, recorded, gaps, profiler_only=False))
