@@ -148,7 +148,8 @@ def measured_fields(trace: Trace, estimate: dict[str, Any]) -> dict[str, Any]:
                  if spread is not None else None)
     return {
         "est_step_range_us": [_r(v) for v in est_range] if est_range else None,
-        "est_spread": {"group": spread.group, "cost_ratio": [spread.cost_ratio_low, spread.cost_ratio_high],
+        "est_spread": {"group": spread.group, "label": spread.label,
+                       "cost_ratio": [spread.cost_ratio_low, spread.cost_ratio_high],
                        "captures": spread.captures} if spread is not None else None,
         "step_basis": "measured" if measured_us is not None else "estimated" if est is not None else None,
         # The program's step without the profiler: measured where the trace has it, else the estimate.

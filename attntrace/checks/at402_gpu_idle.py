@@ -216,7 +216,7 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
             "recorded)")
     if share_range is not None:
         spread = ctx.trace.estimate_spread
-        kind = spread.group.replace("_", ", ").replace("no, ", "no ") if spread is not None else ""
+        kind = spread.label if spread is not None else ""
         known = (f"on calibration captures recorded like this one ({kind}) the profiler's real cost was "
                  f"{spread.cost_ratio_low:.2f}x to {spread.cost_ratio_high:.2f}x the estimate's"
                  if spread is not None else "")

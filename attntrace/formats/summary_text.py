@@ -89,7 +89,7 @@ def _range(profiler: dict[str, Any]) -> str:
         return ""
     low, high = spread["cost_ratio"]
     return (f", likely {_ms(found[0])}..{_ms(found[1])} ms (the profiler's cost {low:.2f}x..{high:.2f}x the "
-            f"estimate's on calibration captures like it, {spread['group'].replace('_', ', ')})")
+            f"estimate's on calibration captures like it: {spread['label']})")
 
 
 def _measured_text(profiler: dict[str, Any]) -> str:

@@ -212,6 +212,12 @@ class Spread:
     cost_ratio_high: float
     captures: int
 
+    @property
+    def label(self) -> str:
+        """"eager, with stacks" or "compiled, without stacks": the kind of capture, as messages say it."""
+        kind, _, stack = self.group.partition("_")
+        return f"{kind}, {'without' if stack == 'no_stack' else 'with'} stacks"
+
     def step_range(self, est_step_us: float, profiler_us: float, gpu_busy_us: float) -> tuple[float, float]:
         """The step without the profiler if the profiler's cost (profiler_us a step, as the replay took it away) was
         cost_ratio_low to cost_ratio_high times that: more cost, a shorter step, never shorter than the GPU's work."""
