@@ -146,3 +146,16 @@ def test_no_idle_warning_where_the_measured_step_leaves_the_gpu_busy(tmp_path: P
     (finding,) = orjson.loads(_cli("lint", str(path), "--format", "json", "--select", "AT402")[1])["findings"]
     assert finding["severity"] == "info" and finding["evidence"]["profiler_only"]
     assert "(measured step: 2 us of 102 us)" in finding["message"]
+
+
+def test_attntrace_run_captures_keep_their_steps_without_the_profiler(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    from attntrace.capture.runner import profile_steps
+
+    x = torch.randn(64, 64)
+    path = tmp_path / "variant.pt.trace.json.gz"
+    profile_steps(lambda: x @ x, 3, path)
+    kept = orjson.loads(gzip.decompress(path.read_bytes()))["attntrace_measured"]
+    # As many steps timed without the profiler as recorded, the recorded ones the trace's steps.
+    assert len(kept["unprofiled_step_us"]) == 3 and kept["profiled_steps"] == [4, 5, 6]
+    assert load(str(path)).meta.measured.step_us is not None
