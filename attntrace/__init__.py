@@ -8,6 +8,7 @@ The Python API (loaded on first use, so that `import attntrace` stays light):
     report.to_polars()       # one row per cause and per consequence
     attntrace.summarize("run.pt.trace.json.gz")
     torch.profiler.profile(..., on_trace_ready=attntrace.on_trace_ready("traces/", fail_on="warning"))
+    attntrace.profile(...)   # torch.profiler.profile that also times the steps without the profiler (imports torch)
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ __version__ = "0.1.0"
 
 _API = {"lint": "attntrace.api", "summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
         "Summary": "attntrace.api", "TraceResult": "attntrace.api", "TraceReadError": "attntrace.api",
-        "on_trace_ready": "attntrace.hook", "FindingsError": "attntrace.hook", "whatif": "attntrace.api"}
+        "on_trace_ready": "attntrace.hook", "FindingsError": "attntrace.hook", "whatif": "attntrace.api",
+        "profile": "attntrace.capture.measured"}
 __all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "TraceResult", "__version__",
-           "lint", "on_trace_ready", "summarize", "whatif"]
+           "lint", "on_trace_ready", "profile", "summarize", "whatif"]
 
 
 def __getattr__(name: str) -> object:  # no typing import: Ctrl-C at start-up must land in our handler

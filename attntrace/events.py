@@ -95,6 +95,7 @@ class Metadata(msgspec.Struct, gc=False, kw_only=True):
     cuda_runtime_version: Any = None
     cupti_version: Any = None
     distributedInfo: Any = None
+    attntrace_measured: Any = None  # the steps timed without the profiler (attntrace.profile; model/measured.py)
 
 
 class Document(Metadata):

@@ -35,6 +35,7 @@ class TraceHook:
         self.worker_name = worker_name or f"{socket.gethostname()}_{os.getpid()}"
         self.select, self.ignore, self.settings = select, ignore, settings
         self.reports: list[Report] = []
+        self.hinted = False
 
     def __call__(self, prof: Any) -> None:
         os.makedirs(self.dir_name, exist_ok=True)
@@ -48,6 +49,12 @@ class TraceHook:
             from attntrace.formats.text import render
 
             sys.stderr.write(render(report.data, colour=sys.stderr.isatty()))
+            # attntrace.profile keeps the steps it timed with the profiler off in the trace (`measured`); a plain
+            # torch.profiler.profile times none, and the step without the profiler is then an estimate.
+            if getattr(prof, "measured", None) is None and not self.hinted:
+                self.hinted = True
+                sys.stderr.write("attntrace: the step without the profiler is estimated; profile with "
+                                 "attntrace.profile(...) (the same arguments) to have it measured\n")
         failing = report.at_or_above(self.fail_on)
         if failing:
             raise FindingsError(path, failing, report)

@@ -10,6 +10,7 @@ import polars as pl
 from attntrace import occupancy, taxonomy
 from attntrace.model import Trace, busy_us
 from attntrace.model.critical_path import summarize as summarize_paths
+from attntrace.model.measured import calibration_json
 from attntrace.model.replay import RECORDED_STEP, Change
 from attntrace.model.whatif import as_json, describe
 
@@ -109,7 +110,7 @@ def _busy_by_device(frame: pl.DataFrame) -> dict[Any, float]:
 def profiler_cost(trace: Trace) -> dict[str, Any]:
     """How the trace was recorded and what recording cost: the profiler's settings, its estimated CPU time per
     step, and the step as recorded and as replayed without it (medians over steady steps, busiest device)."""
-    result = trace.replay
+    result = trace.estimate
     out: dict[str, Any] = {
         "settings": result.settings,
         "events_per_step": {k: _r(v) for k, v in result.events_per_step.items()},
@@ -125,6 +126,7 @@ def profiler_cost(trace: Trace) -> dict[str, Any]:
         out.update({"device": busiest["device"], "cpu_us_per_step": _r(busiest["profiler_cpu_us"]),
                     "recorded_step_us": _r(busiest["recorded_us"]), "est_step_us": _r(busiest["est_step_us"]),
                     "gpu_busy_us": _r(busiest["gpu_busy_us"]), "est_idle_us": _r(busiest["est_idle_us"])})
+    out.update(measured_fields(trace, out))
     return out
 
 
@@ -148,13 +150,52 @@ def critical_path(trace: Trace) -> dict[str, Any] | None:
     return {"devices": devices, "all_fixes": {"change": describe(ALL_FIXES), "devices": fixed}}
 
 
+def measured_fields(trace: Trace, estimate: dict[str, Any]) -> dict[str, Any]:
+    """The step without the profiler as the rules take it, beside the estimate (profiler_cost's est_step_us): the
+    step measured in the capturing run where the trace carries one (attntrace.profile), the estimate's error
+    against it, and the replay calibrated to it (model/measured.py)."""
+    measured = trace.meta.measured
+    calibration = trace.calibration
+    step, idle, profiler_us = estimate["est_step_us"], estimate["est_idle_us"], estimate["cpu_us_per_step"]
+    if calibration is not None:
+        per_device = calibration.replay.per_device().filter(pl.col("device") == calibration.device)
+        row = per_device.row(0, named=True)
+        step, idle, profiler_us = (_r(row["est_step_us"]), _r(row["est_idle_us"]), _r(row["profiler_cpu_us"]))
+    measured_us = measured.step_us if measured is not None else None
+    est = estimate["est_step_us"]
+    # Where nothing was measured: the range the estimate lies in, from the calibration's spread for traces recorded
+    # like this one (attntrace/profiler_spread.toml).
+    spread = trace.estimate_spread if measured_us is None and est is not None else None
+    est_range = (spread.step_range(est, estimate["cpu_us_per_step"] or 0.0, estimate["gpu_busy_us"] or 0.0)
+                 if spread is not None else None)
+    return {
+        "est_step_range_us": [_r(v) for v in est_range] if est_range else None,
+        "est_spread": {"group": spread.group, "label": spread.label,
+                       "cost_ratio": [spread.cost_ratio_low, spread.cost_ratio_high],
+                       "captures": spread.captures} if spread is not None else None,
+        "step_basis": "measured" if measured_us is not None else "estimated" if est is not None else None,
+        # The program's step without the profiler: measured where the trace has it, else the estimate.
+        "step_us": _r(measured_us) if measured_us is not None else est,
+        "measured_step_us": _r(measured_us),
+        "est_error": round((est - measured_us) / measured_us, 4) if measured_us and est is not None else None,
+        # The replay the rules judge (calibrated where a step was measured): its step, idle and profiler cost.
+        "replay_step_us": step, "replay_idle_us": idle, "replay_profiler_cpu_us": profiler_us,
+        "measured": measured.as_json() if measured is not None else None,
+        "calibration": calibration_json(calibration),
+    }
+
+
 def summarize(trace: Trace, with_path: bool = False) -> dict[str, Any]:
     """The summary of one trace; with_path: its critical path too (a second replay: `summary` asks, lint does not)."""
     steps = trace.step_table.drop("step_us")
     # Each step's own figures, and whether it is one of the steady steps whose medians the profiler line gives.
-    steady = trace.replay.steady.select("step", "device", pl.lit(True).alias("steady"))
-    replayed = (trace.replay.table
+    steady = trace.estimate.steady.select("step", "device", pl.lit(True).alias("steady"))
+    # Each step's estimate, and the calibrated replay's step where a step was measured (null otherwise).
+    calibrated = (trace.calibration.replay.table if trace.calibration is not None else trace.estimate.table.clear()
+                  ).select("step", "device", pl.col("est_step_us").alias("calibrated_step_us"))
+    replayed = (trace.estimate.table
                 .select("step", "device", RECORDED_STEP.alias("recorded_step_us"), "est_step_us", "profiler_cpu_us")
+                .join(calibrated, on=["step", "device"], how="left", nulls_equal=True)
                 .join(steady, on=["step", "device"], how="left", nulls_equal=True)
                 .with_columns(pl.col("steady").fill_null(False)))
     steps = steps.join(replayed, on=["step", "device"], how="left", nulls_equal=True)

@@ -75,14 +75,20 @@ def test_a_trace_on_one_side_only_is_still_read(tmp_path):
     assert diff(str(base), str(new))[0] == 0
 
 
-def test_a_2x_step_is_a_regression_with_its_confidence_and_why():
-    # FlexAttention causal vs grouped-query: the same kernel time, the step 2.4x as recorded.
+def test_a_2x_step_as_recorded_is_judged_on_the_step_without_the_profiler():
+    # FlexAttention causal vs grouped-query: the same kernel time, the step 2.4x as recorded, each launch call 2.3x
+    # slower (the host, or the profiler).
     code, result = diff(sample("bf16_causal_fwd/flex"), sample("bf16_gqa_fwd/flex"), "--fail-over", "5")
     (c,) = result["comparisons"]
-    assert code == 1 and c["regression"]
-    assert c["step"]["change_pct"] > 100 and c["step"]["confidence_slower"] >= 0.95
-    assert c["step"]["steady_steps"] == {"base": 2, "new": 2}  # the slow first step of each left out
-    assert "host ran slower" in c["why"] and abs(c["metrics"]["gpu_busy_us"]["change_pct"]) < 2
+    recorded = c["step"]["recorded"]
+    assert recorded["change_pct"] > 100 and recorded["confidence_slower"] >= 0.95
+    assert recorded["steady_steps"] == {"base": 2, "new": 2}  # the slow first step of each left out
+    assert abs(c["metrics"]["gpu_busy_us"]["change_pct"]) < 2
+    # The gate judges the programs: without the profiler (estimated, its cost scaled to each trace's host) the new
+    # steps take 285 and 211 us against 134 and 130, +88%, which two steps a side cannot call real at 95%.
+    assert c["step"]["basis"] == {"base": "estimated", "new": "estimated"}
+    assert 50 < c["step"]["change_pct"] < recorded["change_pct"] and 0.5 < c["step"]["confidence_slower"] < 0.95
+    assert code == 0 and not c["regression"] and c["why"] is None
 
 
 @pytest.mark.parametrize("variant", ["naive", "naive_inplace", "sdpa_math", "compiled", "sdpa_efficient",

@@ -217,15 +217,19 @@ def time_step(step: Callable[[], None], device: torch.device, calls: int = 10, r
 
 
 def profile_steps(step: Callable[[], None], steps: int, trace_path: Path, with_stack: bool = False) -> None:
-    from torch.profiler import ProfilerActivity, profile, schedule
+    """Capture `steps` steps through attntrace.profile: as many steps before them run with the profiler off and are
+    timed, and the trace keeps those timings (its "attntrace_measured" metadata)."""
+    from torch.profiler import ProfilerActivity, schedule
+
+    from attntrace.capture.measured import profile
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities, record_shapes=True, with_stack=with_stack,
-                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                 schedule=schedule(wait=steps, warmup=1, active=steps, repeat=1),
                  on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path))) as prof:
-        for _ in range(steps + 1):
+        for _ in range(2 * steps + 1):
             step()
             prof.step()
     if torch.cuda.is_available():

@@ -8,6 +8,7 @@ import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, fmt_us
 from attntrace.model.intervals import merged_runs
+from attntrace.model.measured import measured_pace
 from attntrace.model.replay import BLOCKING_CALLS, SYNC_FLOOR_US, Change, Replay
 from attntrace.model.whatif import describe
 
@@ -137,7 +138,8 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     syncs = syncs.with_columns(pl.Series("idle_us", idle, dtype=pl.Float64),
                                pl.Series("recorded_idle_us", recorded_idle, dtype=pl.Float64))
     steady = replayed.per_device()
-    est_step = {d: s for d, s in steady.select("device", "est_step_us").iter_rows()}
+    est_step = {d: measured_pace(ctx.trace.calibration, d, s, i, b)[0]
+                for d, s, i, b in steady.select("device", "est_step_us", "est_idle_us", "gpu_busy_us").iter_rows()}
     # Per op chain and device: in a merged trace of two ranks, one rank's sync per step and the other's four were
     # one finding ("23 host syncs in 8 steps"), nested under the first rank's idle.
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -165,8 +167,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         share = idle_per_step / step_us if step_us else 0.0
         apis = sorted({r["name"] for r in rows})
         where_step = "step" if ctx.trace.has_step_markers else "trace"
+        basis = ("replayed to the step measured without the profiler" if ctx.trace.step_basis == "measured"
+                 else "estimated")
         measured = (f"~{fmt_us(idle_per_step)} per {where_step} without the profiler ({100 * share:.1f}% of it, "
-                    f"estimated; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
+                    f"{basis}; {fmt_us(recorded_per_step)} as recorded)" if by_replay else
                     f"{fmt_us(idle_per_step)} per {where_step} ({100 * share:.1f}% of it)")
         findings.append(ctx.finding(
             op=rows[0]["op"],
@@ -183,7 +187,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
                       sum(r["dur"] for r in rows) / steps, "gpu_idle_us_after_each":
                       [r["idle_us"] for r in sorted(rows, key=lambda r: r["ts"])],
                       "gpu_idle_us_per_step": idle_per_step, "recorded_gpu_idle_us_per_step": recorded_per_step,
-                      "without_profiler": bool(by_replay)},
+                      "without_profiler": bool(by_replay), "step_basis": ctx.trace.step_basis},
             gpu_us_per_step=idle_per_step,
             saving=IDLE_REMOVED,
             assumption=("the GPU's wait after the sync, replayed without the profiler's cost; removing the sync "

@@ -10,6 +10,7 @@ import polars as pl
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
 from attntrace.model.critical_path import summarize
 from attntrace.model.intervals import merged_runs
+from attntrace.model.measured import Spread, measured_pace
 from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change
 from attntrace.model.whatif import describe, loader_waits
 
@@ -82,22 +83,28 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if replayed.reason:
         raise Skip(f"the step cannot be estimated without the profiler's own cost ({replayed.reason})")
     per_window, gaps = _idle(ctx, _windows(ctx))
-    uncertain = _compiled_with_stack(ctx)
+    # How sure the estimate is, from the calibration's spread for traces recorded like this one; a measured step
+    # leaves no doubt about the profiler's cost (the replay is fitted to it), and has no spread.
+    spread = ctx.trace.estimate_spread
     findings = []
     # Medians of the steady steps (Replay.per_device): the condition holds in most of them, so two captures of one
     # program agree; the same step as summary's and AT302's.
     for pace in replayed.per_device().iter_rows(named=True):
         device = pace["device"]
+        # A measured step the replay could not be fitted to is the step judged (model/measured.py).
+        pace["est_step_us"], pace["est_idle_us"] = measured_pace(ctx.trace.calibration, device, pace["est_step_us"],
+                                                                 pace["est_idle_us"], pace["gpu_busy_us"])
         steps = replayed.steady.filter(pl.col("device") == device)
         recorded = per_window.filter((pl.col("device") == device)
                                      & pl.col("step").is_in(steps["step"].to_list()))
         est_idle, est_step = pace["est_idle_us"], pace["est_step_us"]
         rec_idle = float(recorded["idle"].median()) if recorded.height else 0.0
         rec_span = float(recorded["span"].median()) if recorded.height else 0.0
-        low, high = _idle_share_range(est_idle, est_step, pace["profiler_cpu_us"],
-                                      COMPILED_WITH_STACK_COST_ERROR if uncertain else 0.0)
+        low, high = _idle_share_range(est_idle, est_step, pace["profiler_cpu_us"], spread)
         threshold = ctx.params["min_idle_share"]
-        if low < threshold <= high and _idle_enough(ctx, rec_idle, rec_span):
+        # A warning whose range's lower end is under the threshold is info, and says so; an idle under it at the
+        # estimate is the profiler's (info, with its range).
+        if low < threshold and _idle_enough(ctx, est_idle, est_step):
             findings.append(_finding(ctx, pace, steps, recorded, gaps, profiler_only=False, share_range=(low, high)))
         elif _idle_enough(ctx, est_idle, est_step):
             findings.append(_finding(ctx, pace, steps, recorded, gaps, profiler_only=False))
@@ -106,14 +113,17 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
-def _idle_share_range(est_idle: float, est_step: float, profiler_us: float, cost_error: float) -> tuple[float, float]:
-    """The idle share of the step without the profiler if its estimated cost is off by `cost_error` either way:
-    more cost leaves a shorter step (never shorter than its GPU work), less cost a longer one."""
+def _idle_share_range(est_idle: float, est_step: float, profiler_us: float,
+                      spread: Spread | None) -> tuple[float, float]:
+    """The idle share of the step without the profiler if the profiler's real cost was what the calibration's spread
+    allows (model/measured.py: more cost leaves a shorter step, never shorter than its GPU work, less cost a longer
+    one); the estimate's own share at both ends where the step was measured."""
     if not est_step:
         return 0.0, 0.0
     busy = est_step - est_idle
-    shortest = max(busy, est_step - cost_error * profiler_us)
-    longest = est_step + cost_error * profiler_us
+    if spread is None:
+        return est_idle / est_step, est_idle / est_step
+    shortest, longest = spread.step_range(est_step, profiler_us, busy)
     return (shortest - busy) / shortest if shortest else 0.0, (longest - busy) / longest
 
 
@@ -122,12 +132,17 @@ def _idle_share_range(est_idle: float, est_step: float, profiler_us: float, cost
 # length), so an error of a tenth in it moves the estimated step by up to 40%.
 COMPILED_WITH_STACK = ("; compiled code recorded with with_stack is the least certain estimate (the profiler cost "
                        "several times the step there): capture without with_stack to confirm")
-# How far off the replay's profiler cost was there: the cost it removed against the recorded step less the
-# un-profiled one, 0.63x to 1.12x over the 26 with-stack captures of eight compiled models (bench/profiler_rounds.py).
-COMPILED_WITH_STACK_COST_ERROR = 0.25
-UNDETERMINED_FIX = ("Capture this program again without with_stack (record_shapes alone costs a fraction of it) and "
-                    "lint that trace: its estimate without the profiler is close enough to judge the idle; or time "
-                    "the step without the profiler and compare it with the GPU busy time.")
+UNDETERMINED_FIX = ("Capture this program again with `attntrace.profile(...)` (torch.profiler.profile's arguments, and "
+                    "a schedule with wait >= 1): it times the step without the profiler and keeps it in the trace, "
+                    "which lint then judges; or capture it without with_stack (record_shapes alone costs a fraction "
+                    "of it), whose estimate is closer.")
+
+
+def share_range_of(ctx: Context, pace: dict[str, Any], high: bool = False) -> float:
+    """One end of the idle share's range for a device's pace (Replay.per_device's row), from the estimate's spread."""
+    found = _idle_share_range(pace["est_idle_us"], pace["est_step_us"], pace["profiler_cpu_us"],
+                              ctx.trace.estimate_spread)
+    return found[1] if high else found[0]
 
 
 def _compiled_with_stack(ctx: Context) -> bool:
@@ -189,6 +204,14 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     path: dict[str, Any] | None = None
     wall_us: float | None = None
     whatif: str | None = None
+    measured = ctx.trace.step_basis == "measured"
+    # Where nothing was measured, how sure the estimate is: the idle share if the profiler's real cost was within the
+    # calibration's spread for traces recorded like this one.
+    likely = (f"; likely {100 * share_range_of(ctx, pace):.0f}% to {100 * share_range_of(ctx, pace, high=True):.0f}%"
+              if ctx.trace.estimate_spread is not None else "")
+    # How the step without the profiler is known, in every message that gives one.
+    fitted = measured and ctx.trace.calibration is not None and ctx.trace.calibration.reached
+    basis = "measured step, idle replayed to it" if fitted else "measured step" if measured else "estimated"
     est_share = est_idle / est_step if est_step else 0.0
     rec_share = rec_idle / rec_span if rec_span else 0.0
     # The events of the process that drives this device (a merged trace of two ranks quoted their mean).
@@ -197,29 +220,37 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
             f"({events.get('cpu_ops', 0):.0f} ops, {events.get('runtime_calls', 0):.0f} runtime calls per step "
             "recorded)")
     if share_range is not None:
+        spread = ctx.trace.estimate_spread
+        kind = spread.label if spread is not None else ""
+        known = (f"on calibration captures recorded like this one ({kind}) the profiler's real cost was "
+                 f"{spread.cost_ratio_low:.2f}x to {spread.cost_ratio_high:.2f}x the estimate's"
+                 if spread is not None else "")
         message = (f"cannot tell how idle the GPU is without the profiler: ~{100 * share_range[0]:.0f}% to "
                    f"~{100 * share_range[1]:.0f}% of the step (estimated ~{100 * est_share:.0f}%: {fmt_ms(est_idle)} "
                    f"of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded ({fmt_ms(rec_idle)} of "
                    f"{fmt_ms(rec_span)}): {cost}, {profiler_us / est_step if est_step else 0.0:.1f}x the step, "
-                   f"and on compiled code recorded with with_stack that cost is known to "
-                   f"±{100 * COMPILED_WITH_STACK_COST_ERROR:.0f}%")
+                   f"and {known}; the range's lower end is under the {100 * ctx.params['min_idle_share']:.0f}% this "
+                   "rule warns at, so this is info, not a warning")
         fix = UNDETERMINED_FIX
     elif profiler_only:
         threshold = ctx.params["min_idle_share"]
         # 29.6% is not "30%, under the 30%".
         left = f"{100 * est_share:.0f}" if round(100 * est_share) < round(100 * threshold) else f"{100 * est_share:.1f}"
         message = (f"the GPU looks idle {100 * rec_share:.0f}% of the step as recorded ({fmt_ms(rec_idle)} of "
-                   f"{fmt_ms(rec_span)}), ~{left}% without the profiler (estimated: "
-                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), under the {100 * threshold:.0f}% this rule warns "
-                   f"at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
-        fix = (f"Time the step without the profiler to confirm: the estimate leaves ~{left}% idle, "
+                   f"{fmt_ms(rec_span)}), ~{left}% without the profiler ({basis}: "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}{likely}), under the {100 * threshold:.0f}% this rule "
+                   f"warns at: {cost}. The profiler's own cost is what lifts the recorded idle over that line")
+        fix = (f"Nothing to fix: the step was timed without the profiler in the capturing run, and in it the "
+               f"GPU is idle ~{left}%, under the threshold." if measured else
+               f"Time the step without the profiler to confirm (capture with `attntrace.profile`, which does): the "
+               f"estimate leaves ~{left}% idle, "
                "under the threshold, in the gaps named in the evidence. To see the program's own idle in a trace, "
                "record with fewer settings (record_shapes and with_stack cost the most); lint with your "
                "machine's costs (`attntrace run --calibrate-profiler`).")
     else:
         path = waits_on(ctx, device, steps)
-        message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler (estimated: "
-                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}), {100 * rec_share:.0f}% as recorded "
+        message = (f"the GPU is idle ~{100 * est_share:.0f}% of the step without the profiler ({basis}: "
+                   f"{fmt_ms(est_idle)} of {fmt_ms(est_step)}{likely}), {100 * rec_share:.0f}% as recorded "
                    f"({fmt_ms(rec_idle)} of {fmt_ms(rec_span)}): {cost}; "
                    + (f"the step's critical path waits on {path['text']}" if path and not first["blocking_collective"]
                       else f"the largest recorded gap ({fmt_ms(first['idle_us'])}) {waits}"))
@@ -234,6 +265,14 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
     refused = ctx.trace.shared.get("profiler_costs_refused")
     costs_file = ("the config's [tool.attntrace.profiler_cost]" if ctx.trace.profiler_costs_from == "config"
                   else "attntrace/profiler_cost.toml" + (f"; the config's were {refused}" if refused else ""))
+    calibration = ctx.trace.calibration
+    if calibration is not None and calibration.reached:
+        costs_file += (f", scaled x{calibration.scale:.2f} so that the replayed step matches the "
+                       f"{fmt_ms(calibration.measured_us)} measured without the profiler")
+    elif calibration is not None:
+        costs_file += (f"; no scale brings the replay to the {fmt_ms(calibration.measured_us)} measured without the "
+                       f"profiler (it came to {fmt_ms(calibration.calibrated_us)}): the measured step is judged, "
+                       "what it holds beyond the GPU's work as idle")
     return ctx.finding(
         key=f"gpu-idle|{device}",
         # The device index is where a rank's GPU sits in its host (rank 1 on cuda:1): not part of what the finding
@@ -249,13 +288,18 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
                   "recorded_idle_share": rec_share, "profiler_cpu_us_per_step": profiler_us,
                   "profiler_settings": settings, "largest_recorded_gaps": largest,
                   "profiler_only": profiler_only, "undetermined": share_range is not None,
-                  "est_idle_share_range": list(share_range) if share_range is not None else None},
+                  "step_basis": ctx.trace.step_basis,
+                  "measured_step_us": calibration.measured_us if calibration is not None else None,
+                  "est_idle_share_range": list(share_range) if share_range is not None else
+                  [share_range_of(ctx, pace), share_range_of(ctx, pace, high=True)]
+                  if ctx.trace.estimate_spread is not None else None},
         # Under the threshold without the profiler, the idle it leaves is in the message and the evidence, not a
         # saving in the headline; one the trace cannot tell keeps its central estimate, beside the range in the
         # message, as info. Neither counts in the trace's total (report.promises_nothing).
         gpu_us_per_step=0.0 if profiler_only else est_idle,
         saving=IDLE_REMOVED,
-        assumption=(f"estimated without the profiler's cost ({costs_file}); the idle goes if the CPU keeps the GPU fed"
+        assumption=(f"{'replayed' if measured else 'estimated'} without the profiler's cost ({costs_file}); the idle "
+                    "goes if the CPU keeps the GPU fed"
                     + (COMPILED_WITH_STACK if _compiled_with_stack(ctx) and share_range is None else "")),
         step_us=est_step,
         fix=fix,

@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.checks.base import IDLE_REMOVED, Context, Skip, fmt_ms
+from attntrace.model.measured import measured_pace
 from attntrace.model.replay import Change, ProfilerCosts
 
 # One graph launch replays a whole step's kernels for about this much CPU (cudaGraphLaunch, H200, no profiler).
@@ -57,6 +58,11 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     return findings
 
 
+def _basis(ctx: Context) -> str:
+    """How the step without the profiler is known: measured in the capturing run, or the replay's estimate."""
+    return "measured" if ctx.trace.step_basis == "measured" else "estimated"
+
+
 def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl.DataFrame) -> dict[str, Any]:
     """The finding for one device's launch-bound steps (`bound`, of its steady `steps`)."""
     pid = ctx.trace.device_process.get(device)
@@ -78,7 +84,8 @@ def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl
     count = float(bound["launches"].median())
     # The step of these steps as AT402 and summary give it (Replay.per_device: medians, no shorter than the CPU's).
     pace = ctx.trace.replay.per_device(bound["step"].to_list()).filter(pl.col("device") == device).row(0, named=True)
-    est_step, est_idle = pace["est_step_us"], pace["est_idle_us"]
+    est_step, est_idle = measured_pace(ctx.trace.calibration, device, pace["est_step_us"], pace["est_idle_us"],
+                                       pace["gpu_busy_us"])
     # What one graph launch instead of the step's launches saves the CPU; the step shrinks by that much at most,
     # and by no more than the idle it has (the GPU's own time stays).
     saving = max(0.0, min(launch_us - GRAPH_LAUNCH_US, est_idle))
@@ -86,15 +93,17 @@ def _finding(ctx: Context, device: int, key: str, steps: pl.DataFrame, bound: pl
         key=key,
         device=device,
         message=(f"{bound.height} of {steps.height} steady steps are launch-bound: {count:.0f} launches per step "
-                 f"cost ~{fmt_ms(launch_us)} of CPU without the profiler ({fmt_ms(recorded_launch_us)} as recorded, "
-                 f"{launch_us / max(count, 1):.1f} us per launch), more than the GPU's {fmt_ms(gpu_us)} of work"
+                 f"cost ~{fmt_ms(launch_us)} of CPU without the profiler (estimated; {fmt_ms(recorded_launch_us)} "
+                 f"as recorded, "
+                 f"{launch_us / max(count, 1):.1f} us per launch), more than the GPU's {fmt_ms(gpu_us)} of work, "
+                 f"in a step of {fmt_ms(est_step)} without the profiler ({_basis(ctx)})"
                  + (f"; slow launch API: {', '.join(slow)}" if slow else "")),
         where={"op_chain": None, "kernel": None, "steps": sorted(bound["step"].to_list())},
         evidence={"launches_per_step": count, "launch_cpu_us_per_step": launch_us,
                   "recorded_launch_cpu_us_per_step": recorded_launch_us,
                   "launch_cpu_us_per_step_total": float(bound["launch_cpu_us"].median()),
                   "gpu_busy_us_per_step": gpu_us,
-                  "est_step_us": est_step, "est_idle_us_per_step": est_idle,
+                  "est_step_us": est_step, "est_idle_us_per_step": est_idle, "step_basis": ctx.trace.step_basis,
                   "launch_bound_steps": bound.height, "steps": steps.height, "per_api": apis, "slow_apis": slow,
                   "top_launching_ops": {n: c / bound.height for n, c in top_ops.iter_rows()}},
         gpu_us_per_step=saving,

@@ -87,6 +87,10 @@ class Context:
         where a replay exists: they held the profiler's cost, and a verdict flipped between two captures of one
         program."""
         replayed = self.trace.replay
+        calibration = self.trace.calibration
+        if calibration is not None and not calibration.reached:
+            # A measured step the replay could not be fitted to (model/measured.py) is the program's step.
+            return max(calibration.measured_us, self._largest_device_mean("gpu_busy_us"))
         if not replayed.reason and replayed.table.height:
             # Over the steps that ran GPU work, as the per-step counts are (Trace.steps_per_process).
             return float(replayed.working.group_by("device").agg(pl.col("est_step_us").mean())["est_step_us"].max())

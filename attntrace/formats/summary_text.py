@@ -36,13 +36,15 @@ def summary_table(s: dict[str, Any]) -> str:
         several = len({r["device"] for r in s["per_step"]}) > 1
         comm = any(r["comm_us"] for r in s["per_step"])
         replayed = any(r.get("est_step_us") is not None for r in s["per_step"])
+        calibrated = any(r.get("calibrated_step_us") is not None for r in s["per_step"])
         rows = [[_step_label(r), *([r["device"]] if several else []), _ms(r["cpu_us"]),
                  *([_ms(r.get("recorded_step_us")), _ms(r.get("est_step_us")), _ms(r.get("profiler_cpu_us"))]
-                   if replayed else []),
+                   if replayed else []), *([_ms(r.get("calibrated_step_us"))] if calibrated else []),
                  _ms(r["gpu_busy_us"]), *([_ms(r["comm_us"]), _ms(r["overlap_us"])] if comm else []), r["kernels"],
                  r["memcpy"], r["memset"], r["launches"], _ms(r["launch_cpu_us"])] for r in s["per_step"]]
         headers = ["step", *(["device"] if several else []), "CPU ms",
                    *(["step ms as recorded", "est. ms w/o profiler", "profiler CPU ms"] if replayed else []),
+                   *(["replay fitted to measured ms"] if calibrated else []),
                    "GPU busy ms",
                    *(["comm ms", "overlap ms"] if comm else []), "kernels", "memcpy", "memset", "launches",
                    "launch CPU ms"]
@@ -74,11 +76,41 @@ def profiler_line(profiler: dict[str, Any]) -> str:
     source = "trace header" if settings.get("source") == "header" else "events"
     text = f"{', '.join(on) or 'default settings'} (from the {source})"
     if profiler.get("est_step_us") is None:
-        return f"{text}; no estimate without the profiler: {profiler.get('reason')}"
+        return f"{text}; no estimate without the profiler: {profiler.get('reason')}" + _measured_text(profiler)
     return (f"{text}; ~{_ms(profiler['cpu_us_per_step'])} ms CPU per step: step {_ms(profiler['recorded_step_us'])} ms "
-            f"as recorded, ~{_ms(profiler['est_step_us'])} ms estimated without the profiler (GPU busy "
-            f"{_ms(profiler['gpu_busy_us'])} ms; medians of the steady steps, marked *, none shorter than the CPU "
-            "time it needs)")
+            f"as recorded, ~{_ms(profiler['est_step_us'])} ms estimated without the profiler{_range(profiler)} "
+            f"(GPU busy {_ms(profiler['gpu_busy_us'])} ms; medians of the steady steps, marked *, none shorter than "
+            "the CPU time it needs)" + _measured_text(profiler))
+
+
+def _range(profiler: dict[str, Any]) -> str:
+    """", likely 20.1..27.3 ms (eager_stack: cost 0.63x..1.43x)": the estimate's range where nothing was measured."""
+    found, spread = profiler.get("est_step_range_us"), profiler.get("est_spread")
+    if not found or not spread:
+        return ""
+    low, high = spread["cost_ratio"]
+    return (f", likely {_ms(found[0])}..{_ms(found[1])} ms (the profiler's cost {low:.2f}x..{high:.2f}x the "
+            f"estimate's on calibration captures like it: {spread['label']})")
+
+
+def _measured_text(profiler: dict[str, Any]) -> str:
+    """The step measured without the profiler in the capturing run, beside the estimate and its error."""
+    measured = profiler.get("measured")
+    if not measured:
+        return ""
+    if profiler.get("measured_step_us") is None:
+        return "; no step was timed without the profiler in the capturing run (a schedule with wait=0)"
+    clock = "CUDA events" if measured.get("method") == "cuda_events" else "the host clock"
+    text = (f"; {_ms(profiler['measured_step_us'])} ms measured without the profiler ({measured['steps']} steps, "
+            f"{clock})")
+    if profiler.get("est_error") is not None:
+        text += f", the estimate {100 * profiler['est_error']:+.0f}% off it"
+    calibration = profiler.get("calibration")
+    if calibration:
+        reached = "" if calibration["reached"] else ", as near as it comes"
+        text += (f"; the rules judge the replay fitted to the measured step ({_ms(calibration['calibrated_step_us'])}"
+                 f" ms, profiler costs x{calibration['scale']:.2f}{reached})")
+    return text
 
 
 def _occupancy(kernel: dict[str, Any]) -> str:

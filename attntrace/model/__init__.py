@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from attntrace import taxonomy
+from attntrace.model import measured as measured_steps
 from attntrace.model.intervals import busy_us
 from attntrace.model.tables import split_trace
 from attntrace.model.trace import Trace, TraceMeta
@@ -184,6 +185,7 @@ def build(raw: RawTrace) -> Trace:
         pl.when(pl.col("kind") == "kernel").then(pl.col("group")).otherwise(pl.lit("copy")).alias("group"),
     ).sort("idx")
     devices, flags, versions, distributed, odd = header(doc)
+    measured, measured_note = measured_steps.read(doc.attntrace_measured)
     meta = TraceMeta(
         devices=devices, flags=flags, versions=versions, distributed=distributed,
         dropped_events=raw.dropped_events,
@@ -195,8 +197,9 @@ def build(raw: RawTrace) -> Trace:
               + ([f'{tables.unclosed} "B" event(s) that no "E" closed ignored'] if tables.unclosed else [])
               + ([f'{tables.untimed} event(s) without a time ("ts") ignored'] if tables.untimed else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
-              + _engulfing_ops(tables.ops),
+              + _engulfing_ops(tables.ops) + ([measured_note] if measured_note else []),
         incomplete=raw.incomplete,
+        measured=measured,
     )
     return Trace(path=raw.path, size=raw.size, meta=meta, ops=tables.ops, launches=tables.launches, gpu=gpu,
                  gpu_annotations=tables.gpu_annotations, flows=tables.flows, op_args=tables.op_args,

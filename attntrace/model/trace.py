@@ -14,7 +14,8 @@ from attntrace import taxonomy
 from attntrace.events import Args
 from attntrace.model import links, optree
 from attntrace.model.intervals import busy_us
-from attntrace.model.replay import Change, ProfilerCosts, Replay, replay
+from attntrace.model.measured import Calibration, Measured, Spread, calibrate, scaled, spread_for
+from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.model.whatif import WallSaving, sample_steps, wall_savings
 from attntrace.read.decoding import decode_raw
@@ -41,6 +42,7 @@ class TraceMeta:
     dropped_events: int
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False
+    measured: Measured | None = None  # the steps timed without the profiler in the capturing run (model/measured.py)
 
     def device(self, index: int | None) -> dict[str, Any]:
         """Properties of a GPU by index; the first one when the index is unknown."""
@@ -226,12 +228,45 @@ class Trace:
                 .select("step", "device", pl.coalesce("cpu_us", "any_us").alias("cpu_us"),
                         pl.coalesce("capture", "any_capture").alias("capture")))
 
+    @property
+    def _profiler_costs(self) -> ProfilerCosts:
+        costs = self.shared.get("profiler_costs")
+        return costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default()
+
+    @cached_property
+    def estimate(self) -> Replay:
+        """The steady steps replayed without the profiler's own CPU cost (model/replay.py), with the per-event
+        costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults: the estimate,
+        whether or not the trace carries a measured step."""
+        return replay(self, self._profiler_costs)
+
+    @cached_property
+    def calibration(self) -> Calibration | None:
+        """The replay fitted to the step measured without the profiler in the capturing run (attntrace.profile),
+        where the trace carries one and a replay can be made; None otherwise."""
+        measured = self.meta.measured
+        if measured is None or measured.step_us is None:
+            return None
+        return calibrate(self, self._profiler_costs, self.estimate, measured.step_us)
+
     @cached_property
     def replay(self) -> Replay:
-        """The steady steps replayed without the profiler's own CPU cost (model/replay.py), with the per-event
-        costs the caller set in `shared["profiler_costs"]` (the config's), else the measured defaults."""
-        costs = self.shared.get("profiler_costs")
-        return replay(self, costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default())
+        """The replay the rules judge: calibrated to the measured step where the trace has one, else the estimate."""
+        return self.calibration.replay if self.calibration is not None else self.estimate
+
+    @property
+    def estimate_spread(self) -> Spread | None:
+        """How sure the estimate without the profiler is, from the calibration captures recorded like this trace
+        (compiled or eager, with or without stacks); None where the step was measured."""
+        if self.calibration is not None:
+            return None
+        compiled = bool(self.ops.height) and bool(self.ops["name"].str.starts_with(INDUCTOR_KERNEL_OP).any())
+        return spread_for(self.estimate.settings, compiled)
+
+    @property
+    def step_basis(self) -> str:
+        """How the step without the profiler is known: "measured" (in the capturing run) or "estimated"."""
+        return "measured" if self.calibration is not None else "estimated"
 
     @cached_property
     def whatif_steps(self) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
@@ -244,13 +279,13 @@ class Trace:
     def critical_path(self) -> Replay:
         """The sampled steps replayed with each step's critical path (Replay.paths): asked for by summary and
         AT402 only."""
-        return replay(self, self._profiler_costs, with_path=True, only_steps=self.whatif_steps[0])
+        return replay(self, self._judged_costs, with_path=True, only_steps=self.whatif_steps[0])
 
     @cached_property
     def whatif_base(self) -> Replay:
         """The sampled steps replayed with no change: what each what-if is held against (no path walk: a rule's
         what-if needs none)."""
-        return replay(self, self._profiler_costs, only_steps=self.whatif_steps[0])
+        return replay(self, self._judged_costs, only_steps=self.whatif_steps[0])
 
     def whatif(self, change: Change) -> list[WallSaving]:
         """Each device's step without the profiler before and after `change` (model/whatif.py), over the sampled
@@ -258,7 +293,7 @@ class Trace:
         cache = self.__dict__.setdefault("_whatif", {})
         if change not in cache:
             cache[change] = wall_savings(self.whatif_base, replay(
-                self, self._profiler_costs, change, only_steps=self.whatif_steps[0]), self.whatif_steps[1])
+                self, self._judged_costs, change, only_steps=self.whatif_steps[0]), self.whatif_steps[1])
         return cache[change]
 
     def judged_paths(self, replayed: Replay) -> list[dict[str, Any]]:
@@ -270,12 +305,14 @@ class Trace:
 
     def whatif_replay(self, change: Change) -> Replay:
         """The sampled steps replayed with `change` applied, with each step's critical path (`whatif`'s after)."""
-        return replay(self, self._profiler_costs, change, with_path=True, only_steps=self.whatif_steps[0])
+        return replay(self, self._judged_costs, change, with_path=True, only_steps=self.whatif_steps[0])
 
     @property
-    def _profiler_costs(self) -> ProfilerCosts:
-        costs = self.shared.get("profiler_costs")
-        return costs if isinstance(costs, ProfilerCosts) else ProfilerCosts.default()
+    def _judged_costs(self) -> ProfilerCosts:
+        """The per-event costs of the replay the rules judge: calibrated to the measured step where there is one, so
+        that every what-if inherits the calibration."""
+        calibration = self.calibration
+        return scaled(self._profiler_costs, calibration.scale) if calibration is not None else self._profiler_costs
 
     @property
     def profiler_costs_from(self) -> str:
