@@ -163,7 +163,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     busy = stats.compare(_per_step(bt, "gpu_busy_us"), _per_step(nt, "gpu_busy_us"))
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
-    not_compared = _too_few_steps({"base": _steady_count(bt, base_recorded), "new": _steady_count(nt, new_recorded)},
+    not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
                                   {"base": bt, "new": nt})
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
