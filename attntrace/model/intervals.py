@@ -34,5 +34,9 @@ def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         return pl.DataFrame(schema={**{k: frame.schema.get(k, pl.Int64) for k in keys}, "busy_us": pl.Float64})
     # The runs are collected before they are summed: in one query with the merge, the optimiser summed them in
     # another order (tests/test_model.py's busy-time test saw the last bits change).
-    runs = merged_runs(frame, keys).lazy().with_columns((pl.col("end") - pl.col("ts")).alias("busy_us"))
-    return runs.group_by(keys, maintain_order=True).agg(pl.col("busy_us").sum()).sort(keys, nulls_last=True).collect()
+    # A running sum in (keys, ts) order, its last value per group: a grouped sum may add partial sums in any order
+    # (the last bits changed with the rows' order).
+    runs = merged_runs(frame, keys).lazy().with_columns((pl.col("end") - pl.col("ts")).cum_sum().over(keys)
+                                                        .alias("busy_us"))
+    return (runs.group_by(keys, maintain_order=True).agg(pl.col("busy_us").last()).sort(keys, nulls_last=True)
+            .collect())
