@@ -145,7 +145,13 @@ def _precision(cost: flops.Cost, kernels: dict[str, float], classes: dict[str, s
 
 def collect(trace: Trace) -> tuple[list[OpCall], pl.DataFrame]:
     """The modelled op runs, and the GPU events (with their step, device and `call` index, null when no model
-    covers them) they were made of."""
+    covers them) they were made of; once per trace (lint's roofline and AT601 both ask)."""
+    if "_roofline_calls" not in trace.__dict__:
+        trace.__dict__["_roofline_calls"] = _collect(trace)
+    return trace.__dict__["_roofline_calls"]
+
+
+def _collect(trace: Trace) -> tuple[list[OpCall], pl.DataFrame]:
     gpu = trace.gpu_linked
     if trace.has_step_markers and gpu["step"].is_not_null().any():
         gpu = gpu.filter(pl.col("step").is_not_null())

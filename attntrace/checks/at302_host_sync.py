@@ -210,8 +210,4 @@ def _wall_saving(ctx: Context, rows: list[dict[str, Any]], copy: bool) -> tuple[
         calls |= set(launched["idx"].cast(pl.Int64).to_list())
     frozen = frozenset(calls)
     change = Change(drop_syncs=frozen, pin_copies=frozen if copy else frozenset())
-    if ctx.trace.replay.reason:
-        return None, change
-    device = rows[0]["device"]
-    savings = [s for s in ctx.trace.whatif(change) if device is None or s.device == device]
-    return (max(s.saved_us for s in savings) if savings else None), change
+    return ctx.wall_saving(change, [rows[0]["device"]]), change

@@ -257,8 +257,7 @@ def _finding(ctx: Context, pace: dict[str, Any], steps: pl.DataFrame, recorded: 
         fix = (COLLECTIVE_FIX if first["blocking_collective"] else
                PATH_FIXES.get(path["cause"], ctx.rule.docs["fix"]) if path else ctx.rule.docs["fix"])
         if path and path["change"] is not None:
-            wall = [s.saved_us for s in ctx.trace.whatif(path["change"]) if s.device == device]
-            wall_us, whatif = (wall[0] if wall else None), describe(path["change"])
+            wall_us, whatif = ctx.wall_saving(path["change"], [device]), describe(path["change"])
             if wall_us is not None:
                 message += f"; with {whatif}, the step would take ~{fmt_ms(wall_us)} less (wall time, replayed)"
     # The costs the replay used: a config's (run --calibrate-profiler) or the defaults.

@@ -23,8 +23,6 @@ import polars as pl
 # Categories of CPU time, by the top-level op the CPU was in.
 OPTIMIZER = re.compile(r"Optimizer\.step|Optimizer\.zero_grad|optimizer|_foreach_|fused_adam|_fused_sgd")
 DATA_LOADING = re.compile(r"DataLoader|dataloader|_MultiProcessingDataLoaderIter|__next__")
-CPU_CATEGORIES = ("cpu: launches", "cpu: host waits", "cpu: optimizer", "cpu: data loading", "cpu: framework ops",
-                  "cpu: python")
 LAUNCH_LATENCY = "launch latency"
 COPIES = "copies"
 # Work that ran before the step's own (queued by the step before) and holds it back.

@@ -84,10 +84,6 @@ class Change:
     graph: bool = False
     cpu_removed: tuple[tuple[float, float], ...] = ()
 
-    @property
-    def is_none(self) -> bool:
-        return self == NO_CHANGE
-
     def drops(self, call: int, pageable: bool) -> bool:
         """Whether the blocking call no longer blocks: a sync dropped, or a pageable copy pinned."""
         if pageable:
@@ -454,7 +450,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     runtime_call_us = costs.runtime_call_us
     find = bisect.bisect_right
     # What the critical path needs of the placement, kept only when it is asked for.
-    placement = (Placement(new_start, new_end, {}, latency, {}, _path_groups(gpu, pageable)) if with_path
+    placement = (Placement(new_start, new_end, {}, latency, {}, _path_groups(gpu)) if with_path
                  else None)
     ended_by: dict[float, int] = {}  # replayed end -> the work that ends there
     for t, kind, _, payload in cpu_events:
@@ -608,7 +604,7 @@ def _removed_cpu(change: Change, clock: _CpuClock, launches: pl.DataFrame, steps
     return pl.DataFrame(rows, schema={"start": pl.Float64, "cost": pl.Float64}, orient="row")
 
 
-def _path_groups(gpu: pl.DataFrame, pageable: set[int]) -> dict[int, str]:
+def _path_groups(gpu: pl.DataFrame) -> dict[int, str]:
     """Each GPU work's category on the critical path: its kernel group, copies as copies."""
     groups: dict[int, str] = {}
     for idx, kind, group in gpu.select("idx", "kind", "group").iter_rows():

@@ -47,9 +47,8 @@ def wall_savings(base: Replay, changed: Replay, judged: tuple[int, ...] | None =
     not medians: a fix can move work across a step boundary (the GPU's tail of one step ending in the next), which
     moves one step's median and leaves the sum whole."""
     steady = base.steady.select("step", "device", pl.col("est_step_us").alias("before"))
-    if judged:
-        steady = steady.filter(pl.col("step").is_in(list(judged))) if steady["step"].is_in(list(judged)).any() \
-            else steady
+    if judged and steady["step"].is_in(list(judged)).any():
+        steady = steady.filter(pl.col("step").is_in(list(judged)))
     after = changed.table.select("step", "device", pl.col("est_step_us").alias("after"))
     # A fix takes work away and never lengthens a step: where the replay's placement with the change comes out
     # longer (a dependency it reads from the recorded order), the step before bounds it, as the recorded step bounds

@@ -83,22 +83,10 @@ def resnet_loop(pinned: bool, item: bool, copy: bool = True) -> Step:
 
 
 def mlp_micro(item: bool) -> Step:
-    """Four micro-batches of a small MLP per step, each logging its loss (a .item() each, or none)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 256, device="cuda")
-    log = loss_log(item)
+    """profiler_calibration's four micro-batches of a small MLP, each logging its loss (a .item() each, or none)."""
+    from profiler_calibration import mlp_item_sync
 
-    def step() -> None:
-        for _ in range(4):
-            loss = model(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            log(loss)
-
-    return step
+    return mlp_item_sync(log=loss_log(item))
 
 
 def finite_check(test: bool) -> Step:
