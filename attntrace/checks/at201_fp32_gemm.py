@@ -30,6 +30,7 @@ CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convoluti
 # allowed 0.183 ms, bf16 0.244 ms; bench/gemv_capture.py, sample_traces/gemv/). They are no GEMM this rule's fix
 # speeds up.
 GEMV = "gemv"
+UNLINKED = "(no CPU op linked)"  # a GEMM whose launch the trace lacks (launched before the capture began)
 # Before Ampere there is no TF32: the tensor cores of a V100 or T4 take fp16.
 PRE_AMPERE_FIX = ("This GPU has no TF32 (compute capability < 8.0): its tensor cores run fp16. Use mixed "
                   "precision, `torch.autocast('cuda', dtype=torch.float16)` with a `torch.cuda.amp.GradScaler` "
@@ -101,7 +102,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     pre_ampere = {device: _pre_ampere(ctx, device) for device in gemms["device"].unique().to_list()}
     for row in gemms.iter_rows(named=True):
         cause, why = _cause(ctx, row["op"], math_dtype, pre_ampere[row["device"]])
-        chain = " > ".join(ctx.trace.op_chain(row["op"])) or "(no CPU op linked)"
+        chain = " > ".join(ctx.trace.op_chain(row["op"])) or UNLINKED
         # One cause with one fix is one finding, however many layers' op chains show it: the chains go inside.
         groups.setdefault(cause, []).append({**row, "chain": chain})
         reasons.setdefault(cause, set()).add(why)
@@ -113,13 +114,18 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     speedup = ctx.params["expected_speedup"]
     findings = []
     for cause, rows in sorted(groups.items()):
-        chains = sorted({r["chain"] for r in rows}, key=lambda c: (-sum(r["chain"] == c for r in rows), c))
+        # The most frequent linked chain first: GEMMs launched before the capture began have none, and they were
+        # the most frequent "chain" of a copy-bound nsys window.
+        chains = sorted({r["chain"] for r in rows},
+                        key=lambda c: (c == UNLINKED, -sum(r["chain"] == c for r in rows), c))
         steps = ctx.steps_in(r["launch_pid"] for r in rows)
         us_per_step = sum(r["dur"] for r in rows) / steps
-        # Shares of compute: the GEMMs compete with compute, not with communication running beside it; of the
-        # devices they ran on.
+        # Shares of compute: the GEMMs compete with the other kernels, not with communication or copies running
+        # beside or between them; of the devices they ran on.
         devices = {r["device"] for r in rows}
-        compute_us = ctx.gpu_us_of(devices, "compute_us") or ctx.gpu_us_of(devices)
+        # gpu_us_of is a mean over the devices and the GEMM time their sum: two H100s' GEMMs read 173% of compute.
+        compute_us = (ctx.gpu_us_of(devices, "compute_kernel_us") or ctx.gpu_us_of(devices)) * max(
+            1, len({d for d in devices if d is not None}))
         share = us_per_step / compute_us if compute_us else 0.0
         if share < ctx.params["min_share"]:
             continue
