@@ -1,4 +1,5 @@
-"""Check the roofline's FLOP counts and achieved rates on a GPU (issue 42). NOT RUN YET: written without a GPU.
+"""Check the roofline's FLOP counts and achieved rates on a GPU (issue 42).
+First run on an H100 (2026-12-05): its traces held no GPU work (exported after the cycle cleared); fixed.
 
 Each case runs one op at one shape: timed with CUDA events without the profiler (median of repeats), then
 captured with the profiler (record_shapes, 3 steps of one call). `report` (run where attntrace's dependencies
@@ -128,14 +129,16 @@ def capture(out: Path) -> None:
     for name, case in _cases().items():
         call = _build(case)
         ms = _time_ms(call)
+        plain = out / f"{name}.pt.trace.json"
+        # Exported when the active cycle ends: the profiler clears its events then, and an export after the
+        # context held the CPU ops alone (the first GPU run's traces had no GPU work).
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
-                     schedule=schedule(wait=0, warmup=1, active=STEPS)) as prof:
+                     schedule=schedule(wait=0, warmup=1, active=STEPS),
+                     on_trace_ready=lambda done, path=str(plain): done.export_chrome_trace(path)) as prof:
             for _ in range(STEPS + 1):
                 call()
                 torch.cuda.synchronize()
                 prof.step()
-        plain = out / f"{name}.pt.trace.json"
-        prof.export_chrome_trace(str(plain))
         with open(plain, "rb") as src, gzip.open(f"{plain}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         plain.unlink()
