@@ -170,3 +170,46 @@ def test_at601_slow_attention_saving_matches_the_timed_backend() -> None:
     assert len(both) == 2
     assert sum(f["impact"]["gpu_us_per_step"] for f in both) == pytest.approx(
         (timed["sdpa_efficient"] - timed["sdpa_flash"]) * 1e3, rel=0.25)
+
+
+H100 = DATA / "roofline_h100"
+
+
+def _h100_case(name: str) -> tuple[dict, dict]:
+    timings = orjson.loads((H100 / "timings.json").read_bytes())
+    found = roofline.analyse(load(str(H100 / f"{name}.pt.trace.json.gz")))
+    assert found is not None, name
+    return timings["cases"][name], found
+
+
+@pytest.mark.parametrize("name", sorted(orjson.loads((H100 / "timings.json").read_bytes())["cases"]))
+def test_h100_flops_match_the_hand_count_and_every_kernel_is_covered(name: str) -> None:
+    """One op per trace, captured on an H100 by bench/gpu/roofline_check.py (README in the data folder): the FLOPs
+    counted from the recorded shapes equal the hand count of the same op, and no kernel is left unmodelled."""
+    entry, found = _h100_case(name)
+    per_step = sum(s["hw_flops"] for s in found["per_step"]) / max(1, len(found["per_step"]))
+    assert per_step == pytest.approx(entry["case"]["flops"], rel=1e-3, abs=1.0)
+    assert found["coverage"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["bf16_gemm", "fp16_gemm", "tf32_gemm", "fp32_gemm", "bf16_gemm_vocab_30522",
+                                  "bf16_gemm_vocab_30528", "bf16_conv"])
+def test_h100_achieved_rate_matches_cuda_events(name: str) -> None:
+    """The rate from the trace's kernel time against the rate from CUDA events around the same op without the
+    profiler: within 20% where one call runs 0.2 ms or more (shorter calls' events also time the launch gap)."""
+    entry, found = _h100_case(name)
+    kernel_us = sum(c["us_per_step"] for c in found["classes"] if c["class"] not in ("unmodelled", "transfer"))
+    assert entry["event_ms"] >= 0.2
+    assert kernel_us / 1e3 == pytest.approx(entry["event_ms"], rel=0.20)
+
+
+def test_at601_saving_matches_the_aligned_vocabulary_timed_on_an_h100() -> None:
+    """BERT's LM head at 30522 and 30528 words, each timed without the profiler: AT601 fires on the misaligned
+    one only, and its saving is within 25% of the timed difference (scaled to the same columns)."""
+    timings = orjson.loads((H100 / "timings.json").read_bytes())["cases"]
+    assert _at601(str(H100 / "bf16_gemm_vocab_30528.pt.trace.json.gz")) == []
+    found = _at601(str(H100 / "bf16_gemm_vocab_30522.pt.trace.json.gz"))
+    assert len(found) == 1 and found[0]["evidence"]["misaligned"] == ["N = 30522"]
+    timed_us = (timings["bf16_gemm_vocab_30522"]["event_ms"]
+                - timings["bf16_gemm_vocab_30528"]["event_ms"] * 30522 / 30528) * 1e3
+    assert found[0]["impact"]["gpu_us_per_step"] == pytest.approx(timed_us, rel=0.25)
