@@ -1,6 +1,6 @@
-"""The README's examples are real output: each fenced block after a `<!-- example -->` line holds one or more
-`$ attntrace ...` commands, each followed by what it prints, run from the repository's root at 100 columns.
-tests/test_readme.py checks them; regenerate after a change of output (review the diff before committing):
+"""The README's and docs' examples are real output: each fenced block after a `<!-- example -->` line holds one or
+more `$ attntrace ...` commands, each followed by what it prints, run from the repository's root at 100 columns.
+tests/test_readme.py checks them; regenerate them all after a change of output (review the diff before committing):
 
     python tests/readme_examples.py
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# Every page whose examples are generated: the README and the docs it points to.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 MARK = "<!-- example -->"
 BLOCK = re.compile(re.escape(MARK) + r"\n```\n(.*?)```\n", re.DOTALL)
 ENV = {"COLUMNS": "100", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
@@ -31,7 +33,7 @@ def run(command: str) -> str:
 
 
 def examples(text: str) -> list[tuple[str, str]]:
-    """(command, recorded output) of every example in the README, in order."""
+    """(command, recorded output) of every example in one page, in order."""
     found = []
     for block in BLOCK.findall(text):
         parts = re.split(r"^\$ (.*)\n", block, flags=re.MULTILINE)
@@ -49,5 +51,8 @@ def regenerate(text: str) -> str:
 
 
 if __name__ == "__main__":
-    README.write_text(regenerate(README.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"{README}: {len(examples(README.read_text(encoding='utf-8')))} example(s) regenerated")
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        if MARK in text:
+            page.write_text(regenerate(text), encoding="utf-8")
+            print(f"{page.relative_to(ROOT)}: {len(examples(page.read_text(encoding='utf-8')))} example(s) regenerated")

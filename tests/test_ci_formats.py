@@ -152,7 +152,7 @@ def test_bad_baseline_is_one_line_error(tmp_path: Path):
 
 def test_the_stack_samples_source_lines_are_the_functions_that_ran():
     # Kineto names a Python frame by its function's first line: the committed sample must point at today's
-    # code (re-capture with bench/capture_stack_sample.py when attntrace/capture/variants.py moves).
+    # code (re-capture with bench/gpu/capture_stack_sample.py when attntrace/capture/variants.py moves).
     report = orjson.loads(lint(WITH_STACK, "--format", "json", "--fail-on", "never")[1])
     lines = (Path(__file__).resolve().parent.parent / "attntrace/capture/variants.py").read_text().splitlines()
     sources = [f["where"]["source"] for f in report["findings"] if f["where"].get("source")]

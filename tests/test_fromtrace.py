@@ -397,7 +397,7 @@ def test_a_shape_too_large_for_float64_is_checked_on_a_reduced_copy():
 def test_autocast_reports_the_dtype_the_backend_ran():
     """Under bf16 autocast with q and k upcast to fp32 (as Hugging Face's rotary embeddings do), the SDPA call
     records fp32 inputs and its backend op the bf16 ones it ran (tests/data/cpu_training/, a real CPU capture by
-    bench/capture_training_cpu.py)."""
+    tools/capture_training_cpu.py)."""
     site = only_site(ROOT / "tests" / "data" / "cpu_training" / "autocast_sdpa_train.pt.trace.json.gz")
     assert (site["dtype"], site["backward"]) == ("bf16", True)
 

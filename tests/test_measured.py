@@ -79,7 +79,7 @@ def _with_measured(source: Path, target: Path, value: object) -> Path:
 
 
 def _timed(name: str, setting: str) -> list[float]:
-    """The capture's own un-profiled timings, before and after it (bench/profiler_rounds.py), in us."""
+    """The capture's own un-profiled timings, before and after it (bench/gpu/profiler_rounds.py), in us."""
     timed = orjson.loads((CALIBRATION / "timings.json").read_bytes())[name]["settings"][setting]
     return [1e3 * timed["unprofiled_before_ms"], 1e3 * timed["unprofiled_after_ms"]]
 
@@ -119,7 +119,7 @@ def test_a_broken_measurement_is_a_note_and_the_trace_is_linted_as_before(tmp_pa
 
 def test_diff_compares_the_programs_not_the_profiles():
     # python_heavy: tiny ops through Python functions, whose profiler (record_shapes, with_stack) costs several
-    # times the step; one_matmul: one large matmul a step, the profiler nearly free. bench/measured_cpu_traces.py.
+    # times the step; one_matmul: one large matmul a step, the profiler nearly free. tools/measured_cpu_traces.py.
     heavy, matmul, again = (str(MEASURED / f"{n}.pt.trace.json.gz")
                             for n in ("python_heavy", "one_matmul", "python_heavy_again"))
     code, out = _cli("diff", heavy, matmul, "--fail-over", "5", "--format", "json")

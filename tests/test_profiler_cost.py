@@ -82,7 +82,7 @@ def test_a_launch_bound_step_shrinks_by_the_profilers_cost_and_stays_launch_boun
     trace = load(calibration("tiny_ops.plain"))
     row = trace.replay.per_device().row(0, named=True)
     assert row["est_step_us"] < 0.85 * row["recorded_us"]  # the profiler's cost is taken out
-    # Within issue 22's 15% (-2% on the set captured pinned to two cores; bench/fit_profiler_cost.py).
+    # Within issue 22's 15% (-2% on the set captured pinned to two cores; tools/fit_profiler_cost.py).
     assert row["est_step_us"] == pytest.approx(truth_us("tiny_ops", "plain"), rel=0.15)
     assert row["est_idle_us"] > 0.8 * row["est_step_us"]  # and the GPU still waits for the CPU
 

@@ -28,7 +28,7 @@ def _hand_training_flops(batch: int, seq: int, hidden: int, layers: int, heads: 
 
 
 @pytest.mark.parametrize(("name", "sizes"), [
-    # bench/from_trace_models.py's Hugging Face models, captured on the H200 (sample_traces/from_trace/)
+    # bench/gpu/from_trace_models.py's Hugging Face models, captured on the H200 (sample_traces/from_trace/)
     ("llama_train_sdpa", dict(batch=8, seq=1024, hidden=1024, layers=4, heads=16, kv_heads=4, ffn=2816,
                               ffn_matrices=3, vocab=32000)),
     ("gpt2_train_sdpa", dict(batch=16, seq=1024, hidden=768, layers=4, heads=12, kv_heads=12, ffn=3072,
@@ -124,7 +124,7 @@ def _at601(path: str) -> list[dict]:
 
 def test_at601_fires_on_bert_s_misaligned_vocabulary_gemm() -> None:
     """BERT's 30522-word vocabulary (not a multiple of 8): its LM-head GEMM ran at 30% of the bf16 roof while the
-    model's aligned GEMMs reached it, in the H200 capture of bench/from_trace_models.py."""
+    model's aligned GEMMs reached it, in the H200 capture of bench/gpu/from_trace_models.py."""
     found = _at601(str(SAMPLES / "from_trace" / "bert_infer_sdpa.pt.trace.json.gz"))
     assert len(found) == 1
     f = found[0]

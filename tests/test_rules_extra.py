@@ -99,7 +99,7 @@ def test_at203_silent_on_half_precision(name):
 
 # --- AT302 host-sync -------------------------------------------------------------------------------
 def test_at302_item_every_step():
-    # A loop that reads .item() after each of 4 MLP calls per step (bench/profiler_calibration.py).
+    # A loop that reads .item() after each of 4 MLP calls per step (bench/gpu/profiler_calibration.py).
     (f,) = findings("calibration/mlp_item_sync.shapes", "AT302")
     assert f["where"]["op_chain"] == "aten::item > aten::_local_scalar_dense"
     assert f["evidence"]["syncs_per_step"] == 4 and f["evidence"]["apis"] == ["cudaStreamSynchronize"]
@@ -159,7 +159,7 @@ def test_at402_silent_when_gpu_bound(name):
 
 
 def test_at102_finds_the_unfused_chain_without_shapes():
-    # Llama training with eager attention recorded without record_shapes (bench/profiler_calibration.py).
+    # Llama training with eager attention recorded without record_shapes (bench/gpu/profiler_calibration.py).
     (f,) = findings("calibration/llama_train_eager.plain", "AT102")
     assert f["evidence"]["shapes"] is False and "size estimated" in f["message"]
     assert "aten::softmax" in f["where"]["op_chain"] and f["impact"]["gpu_us_per_step"] > 0

@@ -27,7 +27,7 @@ CONVOLUTION = ("aten::cudnn_convolution", "aten::convolution", "aten::_convoluti
                "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution_backward", "aten::convolution_backward")
 # cuBLAS's matrix-vector kernels (gemv2N, gemv2T, gemvx: a batch-1 Linear) are bound by memory: neither tensor
 # cores nor a lower precision made them faster on an H200 (8 Linear 4096x4096 on one token: fp32 0.181 ms, TF32
-# allowed 0.183 ms, bf16 0.244 ms; bench/gemv_capture.py, sample_traces/gemv/). They are no GEMM this rule's fix
+# allowed 0.183 ms, bf16 0.244 ms; bench/gpu/gemv_capture.py, sample_traces/gemv/). They are no GEMM this rule's fix
 # speeds up.
 GEMV = "gemv"
 UNLINKED = "(no CPU op linked)"  # a GEMM whose launch the trace lacks (launched before the capture began)

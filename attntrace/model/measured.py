@@ -234,6 +234,6 @@ def _spreads() -> dict[str, Spread]:
 
 
 def spread_for(settings: dict[str, Any], compiled: bool) -> Spread:
-    """The spread of traces recorded like this one (bench/profiler_spread.py wrote attntrace/profiler_spread.toml)."""
+    """The spread of traces recorded like this one (tools/profiler_spread.py wrote attntrace/profiler_spread.toml)."""
     name = f"{'compiled' if compiled else 'eager'}_{'stack' if settings.get('with_stack') else 'no_stack'}"
     return _spreads()[name]

@@ -9,7 +9,7 @@ Writes OUT_DIR/WORKLOAD.shapes_stack.pt.trace.json.gz and OUT_DIR/python_heavy_t
 {workload: {"split": "fit"|"held_out", "kind": ..., "unprofiled_before_ms", "unprofiled_after_ms",
 "measured_in_capture_ms" (median of attntrace.profile's steady wait steps), "profiled_ms", "measured": {...the
 trace's metadata...}}}. The split is fixed by name (every third workload held out), so that a cost fitted on the
-"fit" cases is judged on cases it never saw: `python bench/fit_profiler_cost.py` and `bench/profiler_rounds.py
+"fit" cases is judged on cases it never saw: `python tools/fit_profiler_cost.py` and `bench/gpu/profiler_rounds.py
 table` read the traces; `attntrace summary OUT_DIR --format json` gives each trace's estimate, measured step and
 error (profiler.est_error) side by side.
 
@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "gpu")]
 
-import profiler_calibration as calib  # noqa: E402  (bench/profiler_calibration.py: its workloads and timer)
+import profiler_calibration as calib  # noqa: E402  (bench/gpu/profiler_calibration.py: its workloads and timer)
 
 import attntrace  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Recompute the trace-derived numbers and table of a run.json from its traces, keeping what only the GPU
 could measure (correctness error, CUDA-event timing). Used when the analysis improves after a capture:
 
-    python bench/reanalyse_run.py sample_traces/bf16_causal_fwd/run.json
+    python tools/reanalyse_run.py sample_traces/bf16_causal_fwd/run.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The profiler-cost calibration on a GPU machine (see bench/profiler_calibration.py). Run from the repo root:
-#   bash bench/profiler_calibration_gpu.sh OUT_DIR
+# The profiler-cost calibration on a GPU machine (see bench/gpu/profiler_calibration.py). Run from the repo root:
+#   bash bench/gpu/profiler_calibration_gpu.sh OUT_DIR
 # Leaves OUT_DIR/event_costs.json, OUT_DIR/timings.json, OUT_DIR/log.txt and the traces packed in
 # OUT_DIR/traces-N.tar (each under 15 MiB).
 set -u
@@ -33,9 +33,9 @@ print("taskset -c 2,3" if pinned[0] < free[0] else "")
 PY
 )
   echo "pin: ${pin:-none}"
-  timeout ${CAL_TIMEOUT:-420} $pin python bench/profiler_calibration.py "$work" ${CAL_WORKLOADS:-}
+  timeout ${CAL_TIMEOUT:-420} $pin python bench/gpu/profiler_calibration.py "$work" ${CAL_WORKLOADS:-}
   cp "$work/timings.json" "$out/" 2>/dev/null
 } 2>&1 | tee "$out/log.txt"
 # Pack traces into tars of at most 15 MiB (the transfer takes 8 files of 16 MiB).
-python bench/pack_traces.py "$work" "$out" 5
+python bench/gpu/pack_traces.py "$work" "$out" 5
 ls -la "$out"

@@ -4,7 +4,7 @@ idle (un-profiled step minus GPU busy), what AT402 says, and whether that meets 
 within 2x of the real idle where it is small (under half the step), within 20% where it dominates, and no AT402
 warning where the GPU is busy 90% or more of the un-profiled step.
 
-    python bench/judge_idle.py [DIRECTORY]   (default sample_traces/calibration; sample_traces/heldout too)
+    python tools/judge_idle.py [DIRECTORY]   (default sample_traces/calibration; sample_traces/heldout too)
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 # first); and writes the per-step saving that the eager traces' runs predict for switching to sdpa next to the
 # saving timed.
 #
-#   bench/from_trace_gpu.sh OUT_DIR                       on the GPU machine
-#   bench/from_trace_gpu.sh OUT_DIR --tiny --device cpu   a check of the script itself on a CPU
+#   bench/gpu/from_trace_gpu.sh OUT_DIR                       on the GPU machine
+#   bench/gpu/from_trace_gpu.sh OUT_DIR --tiny --device cpu   a check of the script itself on a CPU
 #
 # OUT_DIR gets 8 files: results.json, results.md, from_trace_gpu.log (versions first), one
 # traces_<model>.tar.gz per model (its two traces and timings) and fromtrace_runs.tar.gz (each run's run.json,
@@ -23,7 +23,7 @@ done
 mkdir -p "$out"
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 variants=naive,sdpa_math,sdpa_efficient,sdpa_flash,sdpa_cudnn,sdpa
 models=(llama_train gpt2_train bert_infer llama_generate)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Captures the scenario sample traces (GQA, decode with a KV cache, sliding window, variable length) and a
-# fresh dense run for the README table. Usage: bench/gpu_capture3.sh OUT_DIR
+# fresh dense run for the README table. Usage: bench/gpu/gpu_capture3.sh OUT_DIR
 # Writes one OUT_DIR/<folder>.tar per run as soon as it ends (so a cut-off call keeps what finished) and
 # OUT_DIR/capture3.log.
 set -u

@@ -2,7 +2,7 @@
 statement per kernel launch and buffer), against the same calls from a short function: the evidence for the
 replay's inductor_wrapper_* costs (attntrace/profiler_cost.toml). CPU only, no GPU needed.
 
-    python bench/wrapper_stack_cost.py [STATEMENTS ...]   (default 10 100 400 1000 1500)
+    python tools/wrapper_stack_cost.py [STATEMENTS ...]   (default 10 100 400 1000 1500)
 
 Prints, per function length, the wall time per call without the profiler, with record_shapes, and with
 record_shapes and with_stack, and the cost with_stack adds per call.

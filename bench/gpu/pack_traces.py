@@ -1,7 +1,7 @@
 """Pack a GPU run's traces for the trip back: tars of at most 15 MiB each (the device returns at most 8 files of
 16 MiB, 64 MiB in all), smallest traces first, a trace too big for one tar left out with a line saying so.
 
-    python bench/pack_traces.py WORK_DIR OUT_DIR [MAX_TARS]   (default 5)
+    python bench/gpu/pack_traces.py WORK_DIR OUT_DIR [MAX_TARS]   (default 5)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How sure the estimate without the profiler is, per setting: the spread of the profiler cost the replay takes away
-against the cost the program really paid, over every committed calibration round (bench/profiler_rounds.py's
+against the cost the program really paid, over every committed calibration round (bench/gpu/profiler_rounds.py's
 sample_traces/calibration/rounds_results*.json), written to attntrace/profiler_spread.toml.
 
 For each capture whose replay took at least 5% off its recorded step: ratio = (recorded - timed without the profiler)
@@ -9,7 +9,7 @@ recorded - ratio x (recorded - estimated), no shorter than the GPU's work. Quart
 percentiles: over the 322 rounds, AT402 judged on the range's lower end keeps 246 of its 257 warnings where the GPU
 really idles 30% or more (215 with the wider range), and drops its one warning where it does not.
 
-    python bench/profiler_spread.py [--write]
+    python tools/profiler_spread.py [--write]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def quantile(values: list[float], p: float) -> float:
 def main(write: bool) -> None:
     lines = ["# The estimate's spread per setting: the profiler cost the program really paid over the cost the replay",
              "# took away, 25th and 75th percentiles over the committed calibration rounds. Written by",
-             "# bench/profiler_spread.py; read by attntrace/model/measured.py (Spread).", ""]
+             "# tools/profiler_spread.py; read by attntrace/model/measured.py (Spread).", ""]
     for name, values in sorted(ratios().items()):
         low, high = quantile(values, LOW), quantile(values, HIGH)
         print(f"{name}: {len(values)} captures, cost ratio p25 {low:.2f}, p75 {high:.2f}")

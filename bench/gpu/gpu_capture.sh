@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Captures sample_traces/ on a CUDA machine. Usage: bench/gpu_capture.sh OUT_DIR
+# Captures sample_traces/ on a CUDA machine. Usage: bench/gpu/gpu_capture.sh OUT_DIR
 # Writes OUT_DIR/sample_traces.tar (the traces and run.json files) and logs beside it.
 set -u
 out=${1:?OUT_DIR}
@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
   python3 -m attntrace run --variants naive,sdpa_flash --dtype bf16 --backward --out "$st/bf16_causal_fwdbwd"
   python3 -m attntrace run --variants naive,sdpa --dtype fp32 --out "$st/fp32_causal_fwd"
   python3 -m attntrace.capture.scenarios "$st/workloads"
-  python3 bench/triton_check.py
+  python3 bench/gpu/triton_check.py
 } 2>&1 | tee "$out/capture.log"
 tar -C "$(dirname "$st")" -cf "$out/sample_traces.tar" sample_traces
 ls -laR "$st" > "$out/listing.txt"

@@ -1,22 +1,22 @@
 """The profiler-cost calibration taken against the host's noise: every workload is captured under every setting in
 several rounds, round after round (all workloads in round 1, then all in round 2, ...), each capture with an
 un-profiled timing right before and right after it. A case is then judged on its medians over rounds, so that one
-sitting where the host ran fast or slow no longer decides it (bench/profiler_noise.py showed un-profiled steps
-moving up to 56% between sittings of bench/profiler_calibration.py, which took one capture per case).
+sitting where the host ran fast or slow no longer decides it (bench/gpu/profiler_noise.py showed un-profiled steps
+moving up to 56% between sittings of bench/gpu/profiler_calibration.py, which took one capture per case).
 
 On the GPU machine:
-    python bench/profiler_rounds.py capture OUT_DIR [--rounds 3] [--settings plain,shapes] [WORKLOAD ...]
+    python bench/gpu/profiler_rounds.py capture OUT_DIR [--rounds 3] [--settings plain,shapes] [WORKLOAD ...]
 writes OUT_DIR/WORKLOAD.SETTING.rN.pt.trace.json.gz and OUT_DIR/rounds.json ({"_host": ..., WORKLOAD: {SETTING:
 [{"round", "profiled_ms", "unprofiled_before_ms", "unprofiled_after_ms", "active_steps"}, ...]}}).
 
 Here (no GPU, no torch):
-    python bench/profiler_rounds.py report [--out RESULTS_JSON] TRACE_DIR [TRACE_DIR ...]
+    python bench/gpu/profiler_rounds.py report [--out RESULTS_JSON] TRACE_DIR [TRACE_DIR ...]
 replays every trace with attntrace, writes what it found per capture into sample_traces/calibration/rounds_results.json
 (committed; the traces are not: the device takes a working tree of 64 MiB, README (Development) says how to run with
 this one's 65) and prints the per-case medians: replayed step against un-profiled step (the 15% bar of issue 22) and
 AT402 against the real idle.
-    python bench/profiler_rounds.py table [RESULTS_JSON ...]
-prints the same tables from the committed results alone, then one row per set of bench/profiler_calibration.py
+    python bench/gpu/profiler_rounds.py table [RESULTS_JSON ...]
+prints the same tables from the committed results alone, then one row per set of bench/gpu/profiler_calibration.py
 (the README's table: `table sample_traces/calibration/rounds_results*.json`).
 """
 
@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "sample_traces" / "calibration" / "rounds_results.json"
 # Within this of the un-profiled step, a replayed step meets issue 22's bar.
 BAR = 0.15
@@ -130,7 +130,7 @@ def _judged_capture(trace: Any, name: str, setting: str, run: dict[str, Any]) ->
 
 
 def _meets_idle_bar(real_step: float, busy: float, claimed: float, severity: str | None) -> bool:
-    """Issue 22's AT402 bar, as bench/judge_idle.py applies it."""
+    """Issue 22's AT402 bar, as tools/judge_idle.py applies it."""
     real_idle = max(0.0, real_step - busy)
     if busy >= 0.9 * real_step:
         return severity != "warning"
@@ -139,13 +139,13 @@ def _meets_idle_bar(real_step: float, busy: float, claimed: float, severity: str
     return claimed <= 2 * real_idle and (claimed >= real_idle / 2 or severity != "warning")
 
 
-# The sets in the order they were captured (bench/profiler_calibration.py): each was judged before the next.
+# The sets in the order they were captured (bench/gpu/profiler_calibration.py): each was judged before the next.
 SET_ORDER = ("WORKLOADS", "HELD_OUT", "GPU_BOUND", "COMPILED_HELD_OUT", "COMPILED_HELD_OUT_2", "HELD_OUT_3",
              "HELD_OUT_4", "HELD_OUT_5")
 
 
 def _set_of_workload() -> dict[str, str]:
-    """Which set of bench/profiler_calibration.py each workload belongs to (imports torch, as capturing does)."""
+    """Which set of bench/gpu/profiler_calibration.py each workload belongs to (imports torch, as capturing does)."""
     import profiler_calibration
 
     return {workload: name for name in SET_ORDER for workload in getattr(profiler_calibration, name)}

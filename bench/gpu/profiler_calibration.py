@@ -2,7 +2,7 @@
 and captured under the profiler's settings, so that lint's replay of a step without the profiler can be
 checked against the program itself.
 
-    python bench/profiler_calibration.py OUT_DIR [WORKLOAD ...]
+    python bench/gpu/profiler_calibration.py OUT_DIR [WORKLOAD ...]
 
 Writes OUT_DIR/WORKLOAD.SETTING.pt.trace.json.gz and OUT_DIR/timings.json ({workload: {"unprofiled_ms":
 median step wall time without the profiler, "steps_timed", "settings": {setting: {"profiled_ms",
@@ -470,7 +470,7 @@ def resnet50_infer_graphs() -> Step:
     return step
 
 
-# Never used to choose the costs: bench/fit_profiler_cost.py and bench/judge_idle.py run them as a held-out set
+# Never used to choose the costs: tools/fit_profiler_cost.py and tools/judge_idle.py run them as a held-out set
 # (sample_traces/heldout/).
 HELD_OUT: dict[str, Callable[[], Step]] = {
     "gpt2_generate": gpt2_generate,

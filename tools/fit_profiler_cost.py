@@ -1,7 +1,7 @@
 """Check (and fit) the profiler-cost model against the calibration set: each workload's replayed step without the
 profiler next to the same program timed without it (sample_traces/calibration/timings.json).
 
-    python bench/fit_profiler_cost.py [--fit] [CALIBRATION_DIR]
+    python tools/fit_profiler_cost.py [--fit] [CALIBRATION_DIR]
 
 Prints one row per trace: recorded step, replayed step, un-profiled step, the replay's error. --fit searches the
 per-event costs that put the most traces within 15% (fit_costs) and prints the result.
@@ -43,7 +43,7 @@ def rows(directory: Path, costs: ProfilerCosts, traces: dict) -> list[dict]:
 
 def held_out_rows(directory: Path, costs: ProfilerCosts) -> list[dict]:
     """The run --from-trace check's Hugging Face models (sample_traces/from_trace): captured and timed by
-    bench/from_trace_gpu.sh, never used to choose the costs."""
+    bench/gpu/from_trace_gpu.sh, never used to choose the costs."""
     out = []
     for path in sorted(directory.glob("*.pt.trace.json.gz")):
         model, impl = path.name.split(".")[0].rsplit("_", 1)
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
           f"{sum(e <= 0.15 for e in errors)} of {len(errors)}")
     held_out = held_out_rows(directory.parent / "from_trace", base)
     if held_out:
-        print("\nheld out (sample_traces/from_trace, timed by bench/from_trace_gpu.sh):")
+        print("\nheld out (sample_traces/from_trace, timed by bench/gpu/from_trace_gpu.sh):")
         print(tabulate(held_out, headers="keys", floatfmt=".3f"))
         errors = [abs(r["error"]) for r in held_out]
         print(f"max |error| {max(errors):.1%}, within 15%: {sum(e <= 0.15 for e in errors)} of {len(errors)}")

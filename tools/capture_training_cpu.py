@@ -1,5 +1,5 @@
 """Capture the small CPU training traces in tests/data/cpu_training/ (torch on a CPU, no GPU needed):
-`python bench/capture_training_cpu.py autocast OUT.json` is one attention layer trained under bf16 autocast with
+`python tools/capture_training_cpu.py autocast OUT.json` is one attention layer trained under bf16 autocast with
 q and k upcast to fp32 before SDPA, as Hugging Face's rotary embeddings do: the SDPA call records fp32 inputs,
 its backend runs the cast bf16 ones. `compiled` is the same layer under torch.compile (one autograd node for the
 graph's backward)."""

@@ -7,12 +7,12 @@ timed without the profiler, interleaved over rounds so the host's drift falls on
 also captured (plain and record_shapes), and AT302's claimed saving per step is read off those traces here.
 
 On the GPU machine:
-    python bench/sync_saving.py capture OUT_DIR [--rounds 3]
+    python bench/gpu/sync_saving.py capture OUT_DIR [--rounds 3]
 writes OUT_DIR/WORKLOAD.SETTING.pt.trace.json.gz and OUT_DIR/sync_saving.json ({"_host": ..., WORKLOAD:
 {"with_sync_ms": [...], "without_sync_ms": [...]}}).
 
 Here (no GPU):
-    python bench/sync_saving.py report OUT_DIR
+    python bench/gpu/sync_saving.py report OUT_DIR
 prints, per workload, the saving timed (median over rounds of with - without) beside AT302's claim on each trace.
 """
 
@@ -47,7 +47,7 @@ class LossLog:
 
 
 def _workloads() -> dict[str, Callable[[bool], Step]]:
-    """bench/profiler_calibration.py's workloads that log their loss, each with and without the sync: its
+    """bench/gpu/profiler_calibration.py's workloads that log their loss, each with and without the sync: its
     mlp_item_sync (a .item() per micro-batch), gpt2_train_item (one per step) and ResNet-50 training (GPU-bound:
     the sync drains a deep queue)."""
     from profiler_calibration import gpt2_train, mlp_item_sync, resnet_train

@@ -1,6 +1,6 @@
 """How far the un-profiled truth itself moves, and how much of that a trace can see (issue 22).
 
-    python bench/profiler_noise.py [DIR ...]   (default sample_traces/calibration and sample_traces/heldout)
+    python bench/gpu/profiler_noise.py [DIR ...]   (default sample_traces/calibration and sample_traces/heldout)
 
 For every workload timed in DIR/timings.json: its un-profiled step (the mean of the timings right before and after
 each capture) in the three captures' sittings, and how far apart they are. Then, over the workloads captured
@@ -20,7 +20,7 @@ from tabulate import tabulate
 
 from attntrace.loading import load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = [ROOT / "sample_traces" / "calibration", ROOT / "sample_traces" / "heldout"]
 
 

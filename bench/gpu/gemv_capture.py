@@ -2,7 +2,7 @@
 cuBLAS runs as gemv kernels), captured with the profiler as a sample trace, and the same products timed without
 the profiler in fp32, fp32 with TF32 allowed, and bf16: what AT201's `gemv_speedup` assumes.
 
-Run on a CUDA machine: python bench/gemv_capture.py OUT_DIR   (writes OUT_DIR/fp32_gemv_decode.pt.trace.json.gz
+Run on a CUDA machine: python bench/gpu/gemv_capture.py OUT_DIR   (writes OUT_DIR/fp32_gemv_decode.pt.trace.json.gz
 and OUT_DIR/gemv_timings.json)
 """
 

@@ -3,7 +3,7 @@ share of GPU time whose ops have a FLOP or byte model, MFU where FLOPs were mode
 op kinds that leave the most GPU time unmodelled (each trace weighted by its share, so that one long trace does
 not hide the others).
 
-    python bench/roofline_coverage.py sample_traces tests/data ../shared/corpus/wild ../shared/corpus/peer
+    python tools/roofline_coverage.py sample_traces tests/data ../shared/corpus/wild ../shared/corpus/peer
 """
 
 from __future__ import annotations

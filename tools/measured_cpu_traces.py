@@ -7,7 +7,7 @@ Two programs, captured through attntrace.profile with record_shapes and with_sta
 `python_heavy` is captured twice (two captures of one program). Going from python_heavy to one_matmul reads as
 "within noise" as recorded and must fail `diff --fail-over 5` on the step without the profiler.
 
-    python bench/measured_cpu_traces.py [OUT_DIR]     (default tests/data/measured)
+    python tools/measured_cpu_traces.py [OUT_DIR]     (default tests/data/measured)
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 in eager and in SDPA attention is timed without the profiler and captured with record_shapes=True; `report` then
 sets the per-step saving that the from-trace runs predict for switching eager -> sdpa against the saving timed.
 
-    python bench/from_trace_models.py capture OUT MODEL [--tiny] [--device cuda|cpu]
-    python bench/from_trace_models.py report OUT
+    python bench/gpu/from_trace_models.py capture OUT MODEL [--tiny] [--device cuda|cpu]
+    python bench/gpu/from_trace_models.py report OUT
 
 MODEL: llama_train (GQA, training step), gpt2_train, bert_infer, llama_generate (generate() with a KV cache).
 --tiny shrinks every size so that the script's CPU-safe parts run on a laptop's CPU.

@@ -1,7 +1,7 @@
 """GPU check of attntrace's Triton attention: correctness on random inputs (sequence lengths that are
 and are not multiples of the block size) and speed against SDPA flash. Run on a CUDA machine:
 
-    python bench/triton_check.py
+    python bench/gpu/triton_check.py
 """
 
 from __future__ import annotations

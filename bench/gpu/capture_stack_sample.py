@@ -2,9 +2,9 @@
 findings' source lines point at today's attntrace/capture/variants.py.
 
 On the GPU machine, which has torch but not polars (the capture needs no polars):
-    python bench/capture_stack_sample.py capture OUT_DIR
+    python bench/gpu/capture_stack_sample.py capture OUT_DIR
 Then here, where lint runs, to write OUT_DIR/run.json as `attntrace run` does:
-    python bench/capture_stack_sample.py finalize OUT_DIR
+    python bench/gpu/capture_stack_sample.py finalize OUT_DIR
 """
 
 from __future__ import annotations

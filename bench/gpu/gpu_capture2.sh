@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second capture for sample_traces/: Python stacks (SARIF source locations), and SDPA's default dispatch at a
-# head dim the fused kernels may not take. Usage: bench/gpu_capture2.sh OUT_DIR
+# head dim the fused kernels may not take. Usage: bench/gpu/gpu_capture2.sh OUT_DIR
 set -u
 out=${1:?OUT_DIR}
 st=$(mktemp -d)/sample_traces
