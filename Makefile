@@ -39,7 +39,7 @@ demo: $(DEMO_BIN)/attntrace
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --maxprocesses 4
 
 bench: install
 	$(BIN)/python bench/bench_read.py

@@ -16,6 +16,7 @@ import orjson
 from attntrace.config import Settings
 
 SEVERITIES = ("error", "warning", "info")
+FORMATS = ("text", "json", "sarif", "github", "markdown", "html", "parquet")
 PathLike = str | os.PathLike[str]
 
 
@@ -100,9 +101,12 @@ class Report:
     """The result of `attntrace.lint`: `traces`, `findings` (typed, sorted by severity then impact),
     `skipped` rules, and the same JSON as `attntrace lint --format json` from `to_json()`."""
 
-    def __init__(self, data: dict[str, Any], timelines: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, data: dict[str, Any], timelines: dict[str, dict[str, Any]] | None = None,
+                 fail_on: str = "warning", warnings: list[str] | None = None) -> None:
         self.data = data
         self.timelines = timelines or {}
+        self.fail_on = fail_on  # the settings' --fail-on, which exit_code() judges by default
+        self.warnings = warnings or []  # one line each, about the run's inputs rather than a trace (--measured)
 
     @property
     def traces(self) -> list[TraceResult]:
@@ -130,11 +134,50 @@ class Report:
         return [f for f in self.findings if SEVERITIES.index(f.severity) <= limit
                 and f.extra.get("baseline", "new") == "new"]
 
-    def exit_code(self, fail_on: str = "warning") -> int:
-        """The CLI's exit code: 2 for an unreadable input, 1 for findings at or above fail_on, else 0."""
+    def exit_code(self, fail_on: str | None = None) -> int:
+        """The CLI's exit code: 2 for an unreadable input, 1 for findings at or above fail_on (by default the
+        settings' fail-on), else 0."""
         from attntrace.engine import exit_code
 
-        return exit_code(self.data, fail_on)
+        return exit_code(self.data, fail_on or self.fail_on)
+
+    def render(self, fmt: str = "text", colour: bool = False) -> bytes:
+        """The report as `attntrace lint --format FMT` writes it: text (with ANSI colour when asked), json, sarif,
+        github, markdown, html (needs the html extra) or parquet."""
+        if fmt == "json":
+            return self.to_json().encode()
+        if fmt == "sarif":
+            from attntrace.catalog import load_rules
+            from attntrace.formats import sarif
+
+            return orjson.dumps(sarif.render(self.data, load_rules()), option=orjson.OPT_INDENT_2) + b"\n"
+        if fmt == "github":
+            from attntrace.formats import github
+
+            return github.render(self.data).encode("utf-8", "backslashreplace")
+        if fmt == "markdown":
+            from attntrace.formats import markdown
+            from attntrace.formats.printable import printable
+
+            return markdown.render(printable(self.data)).encode("utf-8", "backslashreplace")
+        if fmt == "html":
+            return self.to_html().encode("utf-8", "backslashreplace")
+        if fmt == "parquet":
+            from attntrace.formats import parquet
+
+            return parquet.render(self.data)
+        if fmt == "text":
+            from attntrace.formats.printable import printable
+            from attntrace.formats.text import render
+
+            return render(printable(self.data), colour).encode("utf-8", "backslashreplace")
+        raise ValueError(f"no such format: {fmt!r} (one of {', '.join(FORMATS)})")
+
+    def baseline(self) -> bytes:
+        """The findings as a baseline file (`attntrace lint --write-baseline`)."""
+        from attntrace import baseline
+
+        return baseline.dump(self.data)
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
@@ -191,6 +234,10 @@ class Summary:
 
 class TraceReadError(ValueError):
     """A trace that cannot be read; the message is one line naming the file."""
+
+
+class RunFileError(ValueError):
+    """A baseline or measured-run file given to `lint` that cannot be used; the message is one line naming it."""
 
 
 def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iterable[str] | None = None,
@@ -268,7 +315,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
          fail_on: str | None = None, config: PathLike | None = None, jobs: int = 1, max_size: int | None = None,
          salvage: bool = False, annotate: PathLike | None = None, keep: Iterable[PathLike] = (),
          timelines: bool = True, progress: Callable[[str, int], None] | None = None, runner: Any = None,
-         group: str = "auto") -> Report:
+         group: str = "auto", baseline: PathLike | None = None, measured: PathLike | None = None) -> Report:
     """Lint trace files or directories and return the report.
 
     select/ignore: rule ids, names or prefixes ("AT1", "hidden-copy"), as a list or comma-separated.
@@ -281,12 +328,19 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     runner: where the traces are linted (attntrace.distributed.runner for a Dask cluster); here by default.
     group: "ranks" reports one job's rank traces as one verdict, "auto" (as the CLI) when the inputs look like
     one (ranks), "none" one finding per trace.
-    Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed."""
+    baseline: a baseline file (`--write-baseline`): each finding is marked new or known, and the entries gone
+    are listed as fixed; only new findings count for the exit code.
+    measured: the run.json of `attntrace run --from-trace` on these traces: the attention findings it measured
+    take the measured saving as their impact (`report.warnings` says which measured findings matched none).
+    Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed. A baseline or
+    measured file that cannot be used raises RunFileError, before any trace is read."""
     from attntrace import engine
     from attntrace.loading import InputError, map_inputs
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
 
     chosen = build_settings(select, ignore, settings, fail_on, config)
+    known = _read_baseline(os.fspath(baseline)) if baseline is not None else None
+    measured_run = _read_measured(os.fspath(measured)) if measured is not None else None
     names = _paths(paths)
     targets = None
     if annotate is not None:
@@ -310,7 +364,45 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
             progress(path, _size(path) if not isinstance(result, InputError) else 0)
     from attntrace import ranks
 
-    return Report(ranks.group(engine.assemble(parts), parts, group), views)
+    data = ranks.group(engine.assemble(parts), parts, group)
+    warnings = []
+    if measured_run is not None:
+        warnings += _apply_measured(data, measured_run, os.fspath(measured))  # type: ignore[arg-type]
+    if known is not None:
+        from attntrace import baseline as baselines
+
+        baselines.apply(data, known, os.fspath(baseline))  # type: ignore[arg-type]
+    return Report(data, views, chosen.fail_on, warnings)
+
+
+def _read_baseline(path: str) -> dict[str, dict[str, Any]]:
+    from attntrace import baseline as baselines
+
+    try:
+        return baselines.load(path)
+    except baselines.BaselineError as exc:
+        raise RunFileError(str(exc)) from None
+
+
+def _read_measured(path: str) -> dict[str, Any]:
+    from attntrace import fromtrace
+
+    try:
+        return fromtrace.read_measured(path)
+    except fromtrace.MeasuredError as exc:
+        raise RunFileError(str(exc)) from None
+
+
+def _apply_measured(data: dict[str, Any], measured: dict[str, Any], path: str) -> list[str]:
+    """Measured savings in place of the assumed ones; a line for the measured findings that matched none."""
+    from attntrace import fromtrace
+
+    _, unmatched = fromtrace.apply_measured(data, measured, path)
+    if not unmatched:
+        return []
+    rules = sorted({str(measured["findings"][key].get("rule")) for key in unmatched})
+    return [f"{path}: {len(unmatched)} measured finding(s) ({', '.join(rules)}) match no finding of these traces: "
+            "their impact stays assumed (run `attntrace run --from-trace` on them again)"]
 
 
 def _size(path: str) -> int:

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -20,6 +20,10 @@ import click
 import orjson
 
 from attntrace import __version__
+from attntrace.api import FORMATS
+from attntrace.formats.printable import escaped as _escaped
+from attntrace.formats.printable import printable as _printable
+from attntrace.formats.printable import shown as _shown
 from attntrace.install import pip_install
 from attntrace.loading import SKIPPED, InputError, load, map_inputs
 
@@ -68,30 +72,6 @@ def _with_files_behind(read: list[str], given: Iterable[str]) -> list[str]:
     return [*read, *(path for path in behind if path not in shown and display_path(path) in shown)]
 
 
-def _strings(value: Any, change: Callable[[str], str]) -> Any:
-    """A result with `change` applied to every string in it, keys included."""
-    if isinstance(value, str):
-        return change(value)
-    if isinstance(value, dict):
-        return {_strings(k, change): _strings(v, change) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strings(v, change) for v in value]
-    return value
-
-
-def _escaped(value: Any) -> Any:
-    """A result with undecodable file-name bytes in its strings escaped, so that every format can encode it."""
-    from attntrace.loading import display_path
-
-    return _strings(value, display_path)
-
-
-def _printable(value: Any) -> Any:
-    """A result for a terminal or a Markdown page: control characters in its strings (a file name can hold a
-    newline or an escape sequence) escaped, so that no value can start a line of its own."""
-    return _strings(value, _shown)
-
-
 def _distinct_outputs(targets: dict[str, str | None]) -> None:
     """Two outputs named at one file would leave only the last one written."""
     seen: dict[str, str] = {}
@@ -102,13 +82,6 @@ def _distinct_outputs(targets: dict[str, str | None]) -> None:
         if real in seen:
             raise click.UsageError(f"{seen[real]} and {option} name the same file ({_shown(target)})")
         seen[real] = option
-
-
-def _shown(text: str) -> str:
-    """A path or message as one printable line: undecodable bytes and control characters escaped."""
-    from attntrace.loading import display_path
-
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in display_path(text))
 
 
 class ByteSize(click.ParamType):
@@ -443,7 +416,7 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
             click.echo(cpu_timing_note(report))
         warned = sum(len(r.warnings) for r in results) + len(meta["import_warnings"])
         files = f"traces, run.json{' and report.html' if page else ''}"
-        click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept there)" if warned else ""))
+        click.echo(f"{files} in {out_dir}" + (f" ({warned} PyTorch warnings kept in run.json)" if warned else ""))
     if any(r.status == "failed" for r in results):
         sys.exit(EXIT_FINDINGS)
     if not any(r.status == "ok" for r in results):
@@ -608,12 +581,11 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-LINT_FORMATS = ["text", "json", "sarif", "github", "markdown", "html", "parquet"]
 
 
 @main.command(short_help="Lint traces: the causes that make attention slow.")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(LINT_FORMATS), default="text", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="html: one self-contained page with charts (needs the html extra: plotly).")
 @click.option("--output", "-o", help="Write the report to this file instead of stdout.")
 @click.option("--annotate", "annotate_to", type=click.Path(), metavar="OUT",
@@ -645,94 +617,46 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
          config_path: str | None, sets: tuple[str, ...], jobs: int, scheduler: str | None, group: str,
          measured_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
-    from attntrace import api, baseline, distributed, engine  # distributed imports Dask only when a scheduler is given
-    from attntrace.catalog import load_rules
+    from attntrace import api, distributed  # distributed imports Dask only when a scheduler is given
+    from attntrace.config import find_pyproject
     from attntrace.progress import file_progress
 
     settings = _settings(select, ignore, sets, fail_on, config_path)
     _distinct_outputs({"--output": output, "--write-baseline": write_baseline, "--annotate": annotate_to})
-    try:
-        known = baseline.load(baseline_path) if baseline_path else None
-    except baseline.BaselineError as exc:
-        raise click.ClickException(str(exc)) from exc
-    measured = None
-    if measured_path:
-        from attntrace import fromtrace
-
-        try:
-            measured = fromtrace.read_measured(measured_path)
-        except fromtrace.MeasuredError as exc:
-            raise click.ClickException(str(exc)) from exc
-    if fmt == "html":
+    if fmt == "html" and importlib.util.find_spec("plotly") is None:
         from attntrace.formats.html import MISSING_EXTRA
 
-        if importlib.util.find_spec("plotly") is None:
-            raise click.ClickException(MISSING_EXTRA)
+        raise click.ClickException(MISSING_EXTRA)
     if fmt == "parquet" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty():
         raise click.UsageError("--format parquet writes binary: give --output FILE (or pipe it)")
     runner = distributed.runner(scheduler) if scheduler else None
-    from attntrace.config import find_pyproject
-
     # What the run reads beside the traces: no output may replace them.
     side_files = [str(p) for p in (config_path, baseline_path, measured_path, find_pyproject(Path.cwd())) if p]
     with file_progress(list(paths)) as progress:
         try:
-            result = api.lint(list(paths), settings=settings, jobs=jobs, max_size=max_size, salvage=salvage,
+            report = api.lint(list(paths), settings=settings, jobs=jobs, max_size=max_size, salvage=salvage,
                               annotate=annotate_to, keep=side_files, timelines=fmt == "html", progress=progress,
-                              runner=runner, group=group)
-        except distributed.SchedulerError as exc:
+                              runner=runner, group=group, baseline=baseline_path, measured=measured_path)
+        except (api.RunFileError, distributed.SchedulerError) as exc:
             raise click.ClickException(str(exc)) from exc
         except ValueError as exc:  # --annotate cannot map the inputs to outputs
             raise click.ClickException(str(exc)) from exc
-    report = result.data
-    if measured is not None:
-        from attntrace import fromtrace
-
-        _, unmatched = fromtrace.apply_measured(report, measured, str(measured_path))
-        if unmatched:
-            rules = sorted({str(measured["findings"][key].get("rule")) for key in unmatched})
-            line = (f"{measured_path}: {len(unmatched)} measured finding(s) ({', '.join(rules)}) match no finding of "
-                    "these traces: their impact stays assumed (run `attntrace run --from-trace` on them again)")
-            click.echo(f"warning: {_shown(line)}", err=True)
-    if known is not None:
-        baseline.apply(report, known, str(baseline_path))
+    for line in report.warnings:
+        click.echo(f"warning: {_shown(line)}", err=True)
     # On one terminal the text report shows each error already: printed on stderr too, it came twice.
     shown_in_report = fmt == "text" and output in (None, "-") and _one_terminal()
-    for trace in report["traces"]:
+    for trace in report.data["traces"]:
         if trace["error"] and not shown_in_report:
             _error(f"{trace['path']}: {trace['error']['message']}")
         elif trace.get("annotate_error"):
             _error(f"{trace['path']}: --annotate: {trace['annotate_error']} (its findings are in the report)")
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
-    read = _with_files_behind([*paths, *(t["path"] for t in report["traces"]), *side_files], paths)
+    read = _with_files_behind([*paths, *(t["path"] for t in report.data["traces"]), *side_files], paths)
     if write_baseline:
-        _emit(baseline.dump(report), write_baseline, read)
-    if fmt == "json":
-        _emit(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n", output, read)
-    elif fmt == "sarif":
-        from attntrace.formats import sarif
-
-        _emit(orjson.dumps(sarif.render(report, load_rules()), option=orjson.OPT_INDENT_2) + b"\n", output, read)
-    elif fmt == "github":
-        from attntrace.formats import github
-
-        _emit(github.render(report), output, read)
-    elif fmt == "markdown":
-        from attntrace.formats import markdown
-
-        _emit(markdown.render(_printable(report)), output, read)
-    elif fmt == "html":
-        _emit(result.to_html(), output, read)
-    elif fmt == "parquet":
-        from attntrace.formats import parquet
-
-        _emit(parquet.render(report), output, read)
-    else:
-        from attntrace.formats.text import render
-
-        colour = output in (None, "-") and sys.stdout is not None and sys.stdout.isatty()
-        _emit(render(_printable(report), colour), output, read)
-    sys.exit(engine.exit_code(report, settings.fail_on))
+        _emit(report.baseline(), write_baseline, read)
+    colour = fmt == "text" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty()
+    _emit(report.render(fmt, colour), output, read)
+    sys.exit(report.exit_code())
 
 
 RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends",

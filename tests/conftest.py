@@ -31,6 +31,18 @@ def corpus_files() -> list[Path]:
     return sorted(p for p in CORPUS.iterdir() if p.name.endswith((".json", ".json.gz")))
 
 
+@pytest.fixture(scope="session")
+def samples_report() -> dict[str, Any]:
+    """Every sample trace linted once with the default settings, named relative to the repository as the golden
+    file names them: the golden and the impact tests share it (each linted all 200-odd samples on its own)."""
+    import contextlib
+
+    from update_golden import lint_samples
+
+    with contextlib.chdir(ROOT):
+        return lint_samples()
+
+
 def need(module: str, extra: str) -> Any:
     """Import an optional extra's module, or skip; in CI (CI=true), where `make install` installs the extras,
     a missing one fails instead, so that these tests cannot quietly stop running."""

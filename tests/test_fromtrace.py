@@ -308,7 +308,9 @@ def test_lint_measured_uses_the_measured_saving_and_says_so(tmp_path: Path):
     # The copy inside the attention is a consequence of it: its own impact is left as it was.
     assert before["AT102"]["consequences"][0]["rule"] == "AT101"
     assert before["AT102"]["consequences"][0]["impact"] == finding["consequences"][0]["impact"]
-    text = CliRunner().invoke(main, ["lint", trace, "--measured", str(run_json), "--fail-on", "never"])
+    # A wide terminal: a long checkout path must not fold the message out of the first line.
+    text = CliRunner().invoke(main, ["lint", trace, "--measured", str(run_json), "--fail-on", "never"],
+                              env={"COLUMNS": "400"})
     assert "impact measured by" in text.stdout
 
 

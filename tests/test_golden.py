@@ -8,10 +8,8 @@ from __future__ import annotations
 import orjson
 import pytest
 from conftest import impact_problems
-from update_golden import GOLDEN, ROOT, current
+from update_golden import GOLDEN, current
 
-from attntrace import engine as lint
-from attntrace.catalog import load_rules
 from attntrace.report import all_findings
 
 NUMBERS = ("gpu_us_per_step",)
@@ -21,9 +19,8 @@ def _pinned(findings: list[dict]) -> list[dict]:
     return [{k: v for k, v in f.items() if k not in NUMBERS} for f in findings]
 
 
-def test_findings_match_golden_file(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.chdir(ROOT)  # the golden file names traces relative to the repository
-    now, golden = current(), orjson.loads(GOLDEN.read_bytes())
+def test_findings_match_golden_file(samples_report: dict):
+    now, golden = current(samples_report), orjson.loads(GOLDEN.read_bytes())
     assert sorted(now) == sorted(golden)
     for trace in golden:
         assert _pinned(now[trace]) == _pinned(golden[trace]), trace
@@ -32,11 +29,9 @@ def test_findings_match_golden_file(monkeypatch: pytest.MonkeyPatch):
                 assert new[key] == pytest.approx(old[key], rel=0.01, abs=0.5), (trace, new["rule"], key)
 
 
-def test_impacts_never_add_up_to_more_than_the_step(monkeypatch: pytest.MonkeyPatch):
+def test_impacts_never_add_up_to_more_than_the_step(samples_report: dict):
     """On every sample trace: no finding saves more than its step, nor all of a trace's findings together (AT402
     with AT302/AT501, SDPA's math backend with what runs inside it), and no copy is faster than memory."""
-    monkeypatch.chdir(ROOT)
-    traces = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
-    report = lint.run(traces, lint.default_settings(load_rules()))
+    report = samples_report
     assert {f["rule"] for f in all_findings(report)} >= {"AT202", "AT302", "AT402", "AT501"}
     assert impact_problems(report) == []

@@ -100,7 +100,7 @@ def test_a_diff_of_directories_without_traces_fails_instead_of_passing_the_gate(
     assert result.exit_code == 2 and "no trace files" in result.stderr
     result = run("diff", str(tmp_path / "a"), str(tmp_path / "empty1"), "--fail-over", "5", "--format", "json")
     assert result.exit_code == 2
-    assert [p.endswith("no trace files (*.json, *.json.gz) in this directory")
+    assert [p.endswith("no trace files (*.json, *.json.gz) or Nsight Systems exports (*.sqlite) in this directory")
             for p in orjson.loads(result.stdout)["search_errors"]] == [True]
 
 

@@ -14,14 +14,24 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "sample_traces" / "golden_findings.json"
 
 
-def current() -> dict[str, list[dict]]:
+def sample_paths() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
+
+
+def lint_samples() -> dict:
+    """The report of every sample trace with the default settings (run from the repository's root)."""
     from attntrace import engine as lint
     from attntrace.catalog import load_rules
+
+    return lint.run(sample_paths(), lint.default_settings(load_rules()))
+
+
+def current(report: dict | None = None) -> dict[str, list[dict]]:
+    """Each sample's findings as the golden file pins them, from `report` (lint_samples') or a new lint."""
     from attntrace.report import all_findings
 
-    traces = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sample_traces").rglob("*.pt.trace.json.gz"))
-    report = lint.run(traces, lint.default_settings(load_rules()))
-    out: dict[str, list[dict]] = {t: [] for t in traces}
+    report = report if report is not None else lint_samples()
+    out: dict[str, list[dict]] = {t: [] for t in sample_paths()}
     for f in all_findings(report):
         out[f["trace"]].append({"rule": f["rule"], "severity": f["severity"], "op_chain": f["where"]["op_chain"],
                                 "kernel": f["where"]["kernel"], "steps": f["where"]["steps"],

@@ -113,7 +113,7 @@ def _summary_table(summary: dict[str, Any]) -> str:
             ("launches per step", shown(mean("launches"), ".4g")),
             ("tensor-core share of GEMM time", None if summary.get("tensor_core_share_of_gemm") is None
              else f"{100 * summary['tensor_core_share_of_gemm']:.0f}%"),
-            ("attention backends", ", ".join(summary.get("attention_backends") or []) or "none found")]
+            ("attention backends", ", ".join(summary.get("attention_backends") or []) or "no SDPA op or fused kernel")]
     body = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc('-' if v is None else v)}</td></tr>" for k, v in rows)
     return f"<table class=\"summary\">{body}</table>"
 

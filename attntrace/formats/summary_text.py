@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from tabulate import tabulate
+
+from attntrace.formats.text import width
 
 
 def _ms(us: float | None) -> str:
@@ -14,18 +17,17 @@ def _ms(us: float | None) -> str:
 def summary_table(s: dict[str, Any]) -> str:
     share = s["tensor_core_share_of_gemm"]
     rank = f"   rank: {s['rank']}" if s.get("rank") is not None else ""
-    lines = [
-        f"{s['path']}",
+    prose = [
         f"  device: {_devices(s)}{rank}   steps: {_steps(s)}   "
-        f"attention: {', '.join(s['attention_backends']) or 'none found'}",
+        f"attention: {', '.join(s['attention_backends']) or 'no SDPA op or fused kernel'}",
         f"  whole trace: GPU busy {_ms(s['gpu_busy_us'])} ms   kernels {s['kernels']}   memcpy {s['memcpy']}   "
         f"memset {s['memset']}   launches {s['launches']} ({_ms(s['launch_cpu_us'])} ms CPU)   "
         f"tensor-core share of GEMM time: {'-' if share is None else f'{100 * share:.0f}%'}",
+        *(f"  note: {note}" for note in s["notes"]),
+        *([f"  profiler: {profiler_line(s['profiler'])}"] if s.get("profiler") else []),
+        *critical_path_lines(s.get("critical_path")),
     ]
-    lines.extend(f"  note: {note}" for note in s["notes"])
-    if s.get("profiler"):
-        lines.append(f"  profiler: {profiler_line(s['profiler'])}")
-    lines.extend(critical_path_lines(s.get("critical_path")))
+    lines = [f"{s['path']}", *(folded for line in prose for folded in _wrapped(line))]
     if len(s["devices"]) > 1 or any(d["comm_us"] for d in s["devices"]):
         rows = [[d["device"], d["name"] or "-", d["streams"], _ms(d["gpu_busy_us"]), _ms(d["compute_us"]),
                  _ms(d["comm_us"]), _ms(d["overlap_us"])] for d in s["devices"]]
@@ -58,6 +60,11 @@ def summary_table(s: dict[str, Any]) -> str:
                          tablefmt="simple", disable_numparse=True)
         lines.append("  " + table.replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def _wrapped(line: str) -> list[str]:
+    """A sentence folded to the terminal's width (a profiler line ran to 370 columns), its tail indented under it."""
+    return textwrap.wrap(line, width(), subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
 
 
 def _step_label(row: dict[str, Any]) -> str:

@@ -108,7 +108,7 @@ def render(report: dict[str, Any], colour: bool) -> str:
         # An unfused chain is attention too: "none found" beside AT102's unfused-attention finding contradicted it.
         backends = summary.get("attention_backends") or (
             ["unfused (AT102)"] if any(f["rule"] == "AT102" for f in found) else [])
-        head += f", attention: {', '.join(backends) or 'none found'})"
+        head += f", attention: {', '.join(backends) or 'no SDPA op or fused kernel'})"
         out.append(head)
         for note in summary.get("notes") or []:
             out.append(f"  note: {note}")

@@ -1,4 +1,4 @@
-"""Finding the inputs: files, directories (their *.json and *.json.gz files, sorted), quoted glob patterns,
+"""Finding the inputs: files, directories (their *.json, *.json.gz and *.sqlite files, sorted), quoted glob patterns,
 stdin, and URLs (through attntrace.sources). Nothing here opens a trace; it names what to read, or why an
 input cannot be read."""
 
@@ -74,7 +74,8 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
         if is_dir:
             found, problems = _walk_traces(path)
             if not found and not problems:
-                yield TraceError("not-found", "no trace files (*.json, *.json.gz) in this directory", path=given)
+                yield TraceError("not-found", "no trace files (*.json, *.json.gz) or Nsight Systems exports "
+                                 "(*.sqlite) in this directory", path=given)
             yield from ((p, True) for p in found)
             yield from problems
         elif exists:
