@@ -7,7 +7,7 @@ work=$(mktemp -d)
   sample_traces/bf16_causal_fwd/sdpa_math.pt.trace.json.gz --format html -o "$work/lint.html" --fail-on never
 # run's report.html, from the run.json and traces that `attntrace run --out bf16_causal_fwd` wrote on an H200.
 cp -r sample_traces/bf16_causal_fwd "$work/run"
-.venv/bin/python -c "import sys, orjson; from pathlib import Path; from attntrace.formats.html import write_run_report
+.venv/bin/python -c "import sys, orjson; from pathlib import Path; from attntrace.api import write_run_report
 out = Path(sys.argv[1]); write_run_report(out, orjson.loads((out / 'run.json').read_bytes()))" "$work/run"
 shoot() {
   chromium --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \

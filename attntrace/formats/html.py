@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from typing import Any
 
-from attntrace.formats.text import impact_text
+from attntrace.formats.text import attention_text, impact_text
 from attntrace.install import pip_install
 from attntrace.ranks import render_job
 
@@ -95,7 +96,7 @@ def timeline_figure(timeline: dict[str, Any], title: str) -> Any:
     return fig
 
 
-def _summary_table(summary: dict[str, Any]) -> str:
+def _summary_table(summary: dict[str, Any], findings: list[dict[str, Any]]) -> str:
     per_step = summary.get("per_step") or []
 
     def mean(key: str) -> float | None:
@@ -113,7 +114,7 @@ def _summary_table(summary: dict[str, Any]) -> str:
             ("launches per step", shown(mean("launches"), ".4g")),
             ("tensor-core share of GEMM time", None if summary.get("tensor_core_share_of_gemm") is None
              else f"{100 * summary['tensor_core_share_of_gemm']:.0f}%"),
-            ("attention backends", ", ".join(summary.get("attention_backends") or []) or "no SDPA op or fused kernel")]
+            ("attention", attention_text(summary, findings))]
     body = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc('-' if v is None else v)}</td></tr>" for k, v in rows)
     return f"<table class=\"summary\">{body}</table>"
 
@@ -151,16 +152,21 @@ def _finding_html(finding: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]]) -> list[str]:
-    """Per trace: its numbers, the timeline chart and its findings sorted by impact."""
+def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]], file_names: bool = False
+                   ) -> list[str]:
+    """Per trace: its numbers, the timeline chart and its findings sorted by impact. Headed by the trace's path, or
+    its file name alone where the page sits beside the traces (run's report.html: a temporary or absolute output
+    folder's path said nothing)."""
     body = []
     for n, trace in enumerate(report["traces"]):
         path = trace["path"]
-        body.append(f"<section class=\"trace\"><h2>{_esc(path)}</h2>")
+        body.append(f"<section class=\"trace\"><h2>{_esc(os.path.basename(path) if file_names else path)}</h2>")
         if trace.get("error"):
             body.append(f"<p class=\"error\">unreadable: {_esc(trace['error']['message'])}</p></section>")
             continue
-        body.append(_summary_table(trace.get("summary") or {}))
+        found = sorted((f for f in report["findings"] if f["trace"] == path),
+                       key=lambda f: (-f["impact"]["gpu_us_per_step"], f["rule"], f["fingerprint"]))
+        body.append(_summary_table(trace.get("summary") or {}, found))
         timeline = timelines.get(path)
         if timeline and timeline["steps"] and timeline["groups"] != ["idle"]:
             fig = timeline_figure(timeline, "GPU timeline per step, by kernel class; thin bars: flagged spans")
@@ -171,8 +177,6 @@ def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]])
             from attntrace.formats.roofline_plot import roofline_figure
 
             body.append(_figure_html(roofline_figure(trace["roofline"], "Roofline"), f"roofline-{n}"))
-        found = sorted((f for f in report["findings"] if f["trace"] == path),
-                       key=lambda f: (-f["impact"]["gpu_us_per_step"], f["rule"], f["fingerprint"]))
         body.append(f"<h3>{len(found)} cause(s)</h3>")
         body += [_finding_html(f) for f in found]
         skipped = [s for s in report.get("skipped", []) if s["trace"] == path]
@@ -268,7 +272,7 @@ def run_page(rows: list[dict[str, Any]], *, title: str, description: str = "", p
         body.append(f"<p>{_esc(description)}</p>")
     body += [_run_table(rows, backward), *comparison_charts(rows, peak_tflops)]
     if report is not None:
-        body += trace_sections(report, timelines or {})
+        body += trace_sections(report, timelines or {}, file_names=True)
     return _page(title, body)
 
 

@@ -64,7 +64,8 @@ def roofline_figure(roofline: dict[str, Any], title: str) -> Any:
                       row=1, col=2)
     fig.update_xaxes(type="log", title_text="FLOP per byte", row=1, col=1)
     fig.update_yaxes(type="log", title_text="TFLOP/s", row=1, col=1)
-    fig.update_xaxes(type="log", title_text="bytes per call", row=1, col=2)
+    # SI prefixes: plotly's default writes a billion bytes as "1B", which reads as one byte.
+    fig.update_xaxes(type="log", title_text="bytes per call", exponentformat="SI", row=1, col=2)
     fig.update_yaxes(type="log", title_text="TB/s", row=1, col=2)
     mfu = roofline.get("mfu")
     fig.update_layout(title=f"{title}: MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}, coverage "

@@ -24,6 +24,14 @@ def _wrapped(label: str, text: str) -> list[str]:
                          break_long_words=False, break_on_hyphens=False) or [INDENT + label]
 
 
+def attention_text(summary: dict[str, Any], findings: list[dict[str, Any]]) -> str:
+    """The trace's attention: its SDPA backends or fused kernels, else "unfused (AT102)" where AT102 found a chain
+    ("none found" beside AT102's unfused-attention finding contradicted it)."""
+    backends = summary.get("attention_backends") or (
+        ["unfused (AT102)"] if any(f["rule"] == "AT102" for f in findings) else [])
+    return ", ".join(backends) or "no SDPA op or fused kernel"
+
+
 def impact_text(impact: dict[str, Any], stepped: bool = True) -> str:
     """"~1.8 ms gpu time per step (36% of step)": what the fix saves first, in the step's own terms."""
     per, of = ("per step", "of step") if stepped else ("in the trace", "of the trace")
@@ -105,10 +113,7 @@ def render(report: dict[str, Any], colour: bool) -> str:
             continue
         steps = _count(trace["steps"], "step") if trace["steps"] else "no steps"
         head = f"{style(path, bold=True)}  ({trace['device'] or 'CPU only'}, {steps}"
-        # An unfused chain is attention too: "none found" beside AT102's unfused-attention finding contradicted it.
-        backends = summary.get("attention_backends") or (
-            ["unfused (AT102)"] if any(f["rule"] == "AT102" for f in found) else [])
-        head += f", attention: {', '.join(backends) or 'no SDPA op or fused kernel'})"
+        head += f", attention: {attention_text(summary, found)})"
         out.append(head)
         for note in summary.get("notes") or []:
             out.append(f"  note: {note}")
