@@ -97,6 +97,17 @@ def test_local_n_starts_its_own_cluster_with_the_same_output(traces: Path) -> No
     assert clustered.stderr == local.stderr, clustered.stderr.decode()
 
 
+def test_nsys_exports_go_through_the_cluster_as_through_local_workers() -> None:
+    """An export is a SQLite file that sqlite3 opens by path: the Dask path reads it as the local one does."""
+    exports = [str(DATA / "nsys/h100_2gpu_1s.sqlite"), str(DATA / "nsys/mock.sqlite")]
+    args = [sys.executable, "-m", "attntrace", "lint", *exports, "--format", "json", "--fail-on", "never"]
+    local = subprocess.run([*args, "-j", "1"], capture_output=True, check=False)
+    clustered = subprocess.run([*args, "--scheduler", "local:1"], capture_output=True, check=False)
+    assert clustered.returncode == local.returncode == 0, clustered.stderr.decode()
+    assert clustered.stdout == local.stdout
+    assert "AT201" in {f["rule"] for f in orjson.loads(clustered.stdout)["findings"]}
+
+
 def test_a_bad_or_unreachable_scheduler_is_one_line(traces: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(traces), "--scheduler", "localhost"],
                          capture_output=True, text=True, check=False)
