@@ -32,15 +32,27 @@ def corpus_files() -> list[Path]:
 
 
 @pytest.fixture(scope="session")
-def samples_report() -> dict[str, Any]:
+def samples_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every sample trace linted once with the default settings, named relative to the repository as the golden
-    file names them: the golden and the impact tests share it (each linted all 200-odd samples on its own)."""
+    file names them: the golden, impact and CI-format tests share it (each linted all 200-odd samples on its own,
+    a minute each). Under pytest-xdist the first worker to need it writes it where the others read it."""
     import contextlib
+    import fcntl
+    import os
 
+    import orjson
     from update_golden import lint_samples
 
-    with contextlib.chdir(ROOT):
-        return lint_samples()
+    base = tmp_path_factory.getbasetemp()  # a worker's is .../pytest-N/popen-gwK: its parent is this run's own
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "samples_report.json"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait for the first worker's lint
+        if shared.exists():
+            return orjson.loads(shared.read_bytes())
+        with contextlib.chdir(ROOT):
+            report = lint_samples()
+        shared.write_bytes(orjson.dumps(report))
+        return report
 
 
 def need(module: str, extra: str) -> Any:

@@ -7,15 +7,18 @@ import json
 import shutil
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SAMPLES, sample
+from conftest import ROOT, sample
 
 from attntrace.catalog import load_rules
 from attntrace.cli import main
+from attntrace.formats import github, markdown
+from attntrace.formats.printable import printable
 
 # Vendored (OASIS SARIF 2.1.0, draft-07) so that the check runs in any clone, not only beside ../shared.
 SARIF_SCHEMA = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
@@ -161,19 +164,19 @@ def test_the_stack_samples_source_lines_are_the_functions_that_ran():
         assert lines[source["line"] - 1].strip().startswith(f"def {source['function']}("), source
 
 
-def test_markdown_of_every_sample_fits_a_pull_request_comment(tmp_path: Path):
+def test_markdown_of_every_sample_fits_a_pull_request_comment(samples_report: dict[str, Any]):
     # Seen on CI: a checkout path longer than this machine's, in every row, left no room for any folded cause.
-    deep = tmp_path / ("checkout-" * 12) / "of" / "a" / "long" / "named" / "job"
-    deep.mkdir(parents=True)
-    (deep / "samples").symlink_to(SAMPLES)
-    _, out = lint(str(deep / "samples"), "--format", "markdown", "--fail-on", "never")
-    assert len(out) <= 65_536 and out.count(f"`{deep}") == 1  # the folder named once, not in each row
+    # Every sample's report (linted once for the session) with its traces moved under such a checkout.
+    deep = "/tmp/" + "checkout-" * 12 + "/of/a/long/named/job/samples/"
+    moved = orjson.loads(orjson.dumps(samples_report).replace(b'"sample_traces/', f'"{deep}'.encode()))
+    out = markdown.render(printable(moved))
+    assert len(out) <= 65_536 and out.count(f"`{deep.rstrip('/')}") == 1  # the folder named once, not in each row
     assert out.count("<details><summary>") == 2  # traces and causes past the top rows folded
     assert "more trace(s)" in out and "did not fit in a comment" in out  # the cut said
 
 
-def test_github_annotations_stay_within_what_a_step_shows():
-    _, out = lint(str(SAMPLES), "--format", "github", "--fail-on", "never")
+def test_github_annotations_stay_within_what_a_step_shows(samples_report: dict[str, Any]):
+    out = github.render(samples_report)  # `lint sample_traces/ --format github`, from the session's one lint
     lines = out.splitlines()
     for level in ("warning", "notice"):
         mine = [x for x in lines if x.startswith(f"::{level} ")]

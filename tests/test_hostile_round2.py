@@ -407,10 +407,14 @@ def test_ctrl_c_with_workers_running_exits_130_and_leaves_no_worker(tmp_path: Pa
         assert [line for line in left if not line.strip().startswith("Z")] == []
 
 
+# Three sample folders: a report of 210 KB, more than a pipe's 64 KB buffer holds (every sample took 40 s).
+PIPE_FILLING = [str(SAMPLES / name) for name in ("bf16_causal_fwd", "bf16_causal_fwdbwd", "fp32_causal_fwdbwd")]
+
+
 def test_closed_pipe_exits_with_the_status_of_sigpipe():
-    process = subprocess.Popen([*CLI, "lint", "--format", "json", "--fail-on", "never", str(SAMPLES)],
+    process = subprocess.Popen([*CLI, "lint", "--format", "json", "--fail-on", "never", *PIPE_FILLING],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    process.stdout.close()  # the reader goes away, as `| head -1` does, before the report (500 KB) is written
+    process.stdout.close()  # the reader goes away, as `| head -1` does, before the report (210 KB) is written
     err = process.stderr.read()
     process.wait(timeout=300)
     assert process.returncode == 128 + signal.SIGPIPE
@@ -627,7 +631,8 @@ def test_semaphores_left_at_exit_are_cleaned_up_without_a_warning() -> None:
 
 def test_closed_pipe_exits_with_the_status_of_sigpipe_when_unbuffered():
     # CI images often set PYTHONUNBUFFERED: stdout is then a raw file whose writes may be partial.
-    process = subprocess.Popen([*CLI, "lint", "--fail-on", "never", str(SAMPLES)], stdout=subprocess.PIPE,
+    process = subprocess.Popen([*CLI, "lint", "--format", "json", "--fail-on", "never", *PIPE_FILLING],
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     process.stdout.readline()
     process.stdout.close()  # `| head -1`
