@@ -20,7 +20,7 @@ def _interrupted(signum: int, frame: object) -> None:
     # finds it half initialised (an ImportError from the handler was a traceback and exit 1). Whatever fails
     # here, the process still leaves with 128 + signum.
     try:
-        output = sys.modules.get("attntrace.output")
+        output = sys.modules.get("attntrace.formats.output")
         if output is not None:
             output.remove_unfinished()
         processes = sys.modules.get("multiprocessing")
@@ -44,7 +44,7 @@ def entry() -> None:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupted)
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
-        from attntrace import workers
+        from attntrace.read import workers
         from attntrace.read.raw import CHUNK_BYTES  # light: no polars
 
         # The server that forks decoding workers imports polars while this process does (0.3 s each).

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from attntrace.config import Settings
+from attntrace.checks.config import Settings
 
 SEVERITIES = ("error", "warning", "info")
 FORMATS = ("text", "json", "sarif", "github", "markdown", "html", "parquet")
@@ -137,7 +137,7 @@ class Report:
     def exit_code(self, fail_on: str | None = None) -> int:
         """The CLI's exit code: 2 for an unreadable input, 1 for findings at or above fail_on (by default the
         settings' fail-on), else 0."""
-        from attntrace.engine import exit_code
+        from attntrace.report.engine import exit_code
 
         return exit_code(self.data, fail_on or self.fail_on)
 
@@ -147,7 +147,7 @@ class Report:
         if fmt == "json":
             return self.to_json().encode()
         if fmt == "sarif":
-            from attntrace.catalog import load_rules
+            from attntrace.checks.catalog import load_rules
             from attntrace.formats import sarif
 
             return orjson.dumps(sarif.render(self.data, load_rules()), option=orjson.OPT_INDENT_2) + b"\n"
@@ -175,7 +175,7 @@ class Report:
 
     def baseline(self) -> bytes:
         """The findings as a baseline file (`attntrace lint --write-baseline`)."""
-        from attntrace import baseline
+        from attntrace.report import baseline
 
         return baseline.dump(self.data)
 
@@ -245,8 +245,8 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
                    config: PathLike | None = None) -> Settings:
     """Settings from the arguments, then `config` (a TOML file or pyproject.toml), then rule defaults.
     `settings` maps "RULE.param" or "RULE" -> {param: value}, e.g. {"AT101.min_bytes": 1 << 20}."""
-    from attntrace import config as cfg
-    from attntrace.catalog import load_rules
+    from attntrace.checks import config as cfg
+    from attntrace.checks.catalog import load_rules
 
     if isinstance(settings, Settings):
         return settings
@@ -281,14 +281,14 @@ class _Linted:
 
 def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, annotate: dict[str, str] | None
               ) -> _Linted:
-    from attntrace.engine import lint_trace
-    from attntrace.loading import load
+    from attntrace.model.loading import load
+    from attntrace.report.engine import lint_trace
 
     trace = load(path, options)
     part = lint_trace(trace, settings)
     if annotate is not None:
-        from attntrace import annotate as annotator
-        from attntrace.errors import TraceError
+        from attntrace.formats import annotate as annotator
+        from attntrace.read.errors import TraceError
 
         try:
             annotator.write(path, annotate[path], trace, part.findings)
@@ -298,7 +298,7 @@ def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, anno
             part.info["annotate_error"] = exc.message
     timeline = None
     if timelines:
-        from attntrace import timeline as tl
+        from attntrace.report import timeline as tl
 
         timeline = tl.build(trace, part.findings)
     return _Linted(part, timeline)
@@ -334,9 +334,9 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     take the measured saving as their impact (`report.warnings` says which measured findings matched none).
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed. A baseline or
     measured file that cannot be used raises RunFileError, before any trace is read."""
-    from attntrace import engine
-    from attntrace.loading import InputError, map_inputs
+    from attntrace.model.loading import InputError, map_inputs
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
+    from attntrace.report import engine
 
     chosen = build_settings(select, ignore, settings, fail_on, config)
     known = _read_baseline(os.fspath(baseline)) if baseline is not None else None
@@ -344,7 +344,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     names = _paths(paths)
     targets = None
     if annotate is not None:
-        from attntrace.annotate import targets_for
+        from attntrace.formats.annotate import targets_for
 
         kept = [os.fspath(p) for p in (*keep, *([config] if config else []))]
         targets = targets_for(names, os.fspath(annotate), kept)
@@ -362,21 +362,21 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
         if progress is not None:
             path = result.report.path if isinstance(result, _Linted) else result.path
             progress(path, _size(path) if not isinstance(result, InputError) else 0)
-    from attntrace import ranks
+    from attntrace.report import ranks
 
     data = ranks.group(engine.assemble(parts), parts, group)
     warnings = []
     if measured_run is not None:
         warnings += _apply_measured(data, measured_run, os.fspath(measured))  # type: ignore[arg-type]
     if known is not None:
-        from attntrace import baseline as baselines
+        from attntrace.report import baseline as baselines
 
         baselines.apply(data, known, os.fspath(baseline))  # type: ignore[arg-type]
     return Report(data, views, chosen.fail_on, warnings)
 
 
 def _read_baseline(path: str) -> dict[str, dict[str, Any]]:
-    from attntrace import baseline as baselines
+    from attntrace.report import baseline as baselines
 
     try:
         return baselines.load(path)
@@ -385,7 +385,7 @@ def _read_baseline(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _read_measured(path: str) -> dict[str, Any]:
-    from attntrace import fromtrace
+    from attntrace.capture import fromtrace
 
     try:
         return fromtrace.read_measured(path)
@@ -395,7 +395,7 @@ def _read_measured(path: str) -> dict[str, Any]:
 
 def _apply_measured(data: dict[str, Any], measured: dict[str, Any], path: str) -> list[str]:
     """Measured savings in place of the assumed ones; a line for the measured findings that matched none."""
-    from attntrace import fromtrace
+    from attntrace.capture import fromtrace
 
     _, unmatched = fromtrace.apply_measured(data, measured, path)
     if not unmatched:
@@ -416,9 +416,9 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
               config: PathLike | None = None) -> Summary:
     """`attntrace summary` of one trace. Raises TraceReadError (one line, naming the file) when it cannot
     be read. config: a TOML file whose [tool.attntrace.profiler_cost] costs replay the step, as lint's `config`."""
-    from attntrace.engine import summarize_trace
-    from attntrace.loading import load
+    from attntrace.model.loading import load
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.report.engine import summarize_trace
 
     name = os.fspath(path)
     settings = build_settings(config=config)
@@ -454,11 +454,11 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
     the critical path before. Raises TraceReadError (one line) when the trace cannot be read, ValueError for a
     class the trace does not have."""
-    from attntrace.engine import summarize_trace
-    from attntrace.loading import load
     from attntrace.model.critical_path import summarize as summarize_paths
+    from attntrace.model.loading import load
     from attntrace.model.whatif import as_json, change_for, describe, kernel_classes
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.report.engine import summarize_trace
 
     name = os.fspath(path)
     try:

@@ -25,7 +25,7 @@ from attntrace.formats.printable import escaped as _escaped
 from attntrace.formats.printable import printable as _printable
 from attntrace.formats.printable import shown as _shown
 from attntrace.install import pip_install
-from attntrace.loading import SKIPPED, InputError, load, map_inputs
+from attntrace.model.loading import SKIPPED, InputError, load, map_inputs
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -48,7 +48,7 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
             view = view[written if written is not None else len(view):]
         sys.stdout.buffer.flush()
         return
-    from attntrace.output import write_bytes
+    from attntrace.formats.output import write_bytes
 
     try:
         write_bytes(output, data, inputs)
@@ -62,9 +62,9 @@ def _with_files_behind(read: list[str], given: Iterable[str]) -> list[str]:
     the trace). The inputs are found again to map them; only when some reported path has an escape."""
     if not any("\\" in path for path in read):
         return read
-    from attntrace.loading import display_path
+    from attntrace.model.loading import display_path
     from attntrace.read import discover
-    from attntrace.sources import is_url
+    from attntrace.read.sources import is_url
 
     shown = set(read)
     local = [path for path in given if path != "-" and not is_url(path)]
@@ -90,7 +90,7 @@ class ByteSize(click.ParamType):
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
-        from attntrace.catalog import parse_size
+        from attntrace.checks.catalog import parse_size
 
         try:
             size = parse_size(value)
@@ -213,8 +213,8 @@ def main() -> None:
 
 # --- summary --------------------------------------------------------------------------------------
 def _summarize_path(path: str, options: Any, settings: Any, ops: bool = False) -> dict[str, Any]:
-    from attntrace.engine import summarize_trace
-    from attntrace.roofline import analyse
+    from attntrace.model.roofline import analyse
+    from attntrace.report.engine import summarize_trace
 
     trace = load(path, options)
     return {"path": trace.path, **summarize_trace(trace, settings, with_path=True),
@@ -390,11 +390,11 @@ def run(click_ctx: click.Context, variants: str, batch: int | None, heads: int |
     # Arguments are checked above, before torch's import (seconds) below. What torch warns at import (no NumPy)
     # is kept in run.json with the variants' warnings, not printed over the table.
     runner, import_warnings = _capture_module("runner")
-    from attntrace.compare import analyse_run, cpu_timing_note, header_line, peak_line, render, verdict
+    from attntrace.report.compare import analyse_run, cpu_timing_note, header_line, peak_line, render, verdict
 
     config = runner.RunConfig(names, shape, dtype, causal, backward, steps, warmup, device, Path(out_dir),
                               with_stack)
-    from attntrace.progress import run_progress
+    from attntrace.formats.progress import run_progress
 
     try:
         with run_progress(len(config.variants)) as progress:
@@ -429,7 +429,7 @@ def _calibrate_profiler(device: str, write: bool) -> None:
     """`run --calibrate-profiler`: the per-event costs measured here, printed, and with --write written where lint
     reads its settings (a user's pyproject.toml is changed only when asked)."""
     profiler_cost = _capture_module("profiler_cost")[0]
-    from attntrace.config import find_pyproject, write_profiler_costs
+    from attntrace.checks.config import find_pyproject, write_profiler_costs
 
     target = find_pyproject(Path.cwd()) or Path.cwd() / "pyproject.toml"
     try:
@@ -466,8 +466,8 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
                     device: str, out_dir: str, no_lint: bool, fmt: str, max_sites: int | None) -> None:
     """`run --from-trace`: the plan (no torch), then each site measured here. A trace without recorded shapes
     exits 2: there is nothing to size a measurement by, and a script that goes on to measure should stop."""
-    from attntrace import fromtrace
-    from attntrace.loading import guarded
+    from attntrace.capture import fromtrace
+    from attntrace.model.loading import guarded
 
     if steps < 1 or warmup < 0:
         raise click.UsageError("--steps must be positive, --warmup non-negative")
@@ -494,8 +494,8 @@ def _run_from_trace(path: str, plan_only: bool, variants: str, causal: bool | No
         runner.usable_device(device)  # before --out is made
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
-    from attntrace.compare import cpu_timing_note, header_line, render
-    from attntrace.progress import run_progress
+    from attntrace.formats.progress import run_progress
+    from attntrace.report.compare import cpu_timing_note, header_line, render
 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -549,8 +549,8 @@ def _write_run_html(out_dir: Path, report: dict[str, Any], lint: bool) -> Path |
 # --- lint -----------------------------------------------------------------------------------------
 def _settings(select: str | None, ignore: str | None, sets: tuple[str, ...], fail_on: str | None,
               config_path: str | None) -> Any:
-    from attntrace import config
-    from attntrace.catalog import RuleFileError, load_rules
+    from attntrace.checks import config
+    from attntrace.checks.catalog import RuleFileError, load_rules
 
     try:
         rules = load_rules()
@@ -618,8 +618,8 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
          measured_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Lint PyTorch profiler traces (files, directories, URLs such as s3://bucket/prefix/, or - for stdin)."""
     from attntrace import api, distributed  # distributed imports Dask only when a scheduler is given
-    from attntrace.config import find_pyproject
-    from attntrace.progress import file_progress
+    from attntrace.checks.config import find_pyproject
+    from attntrace.formats.progress import file_progress
 
     settings = _settings(select, ignore, sets, fail_on, config_path)
     _distinct_outputs({"--output": output, "--write-baseline": write_baseline, "--annotate": annotate_to})
@@ -669,7 +669,7 @@ def rules() -> None:
     """List the rule catalogue."""
     from tabulate import tabulate
 
-    from attntrace.catalog import RuleFileError, load_rules
+    from attntrace.checks.catalog import RuleFileError, load_rules
 
     try:
         catalogue = load_rules()
@@ -688,7 +688,7 @@ def rules() -> None:
 @click.argument("rule")
 def explain(rule: str) -> None:
     """Print one rule's documentation and parameters (by id or name)."""
-    from attntrace.catalog import RuleFileError, load_rules, resolve
+    from attntrace.checks.catalog import RuleFileError, load_rules, resolve
 
     try:
         catalogue = load_rules()
@@ -718,8 +718,8 @@ def explain(rule: str) -> None:
 @click.option("--output", "-o", help="Write the comparison to this file instead of stdout.")
 def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None) -> None:
     """Compare two traces, or two directories of traces matched by name."""
-    from attntrace import diff as differ
-    from attntrace.sources import is_url
+    from attntrace.read.sources import is_url
+    from attntrace.report import diff as differ
 
     if fail_over is not None and fail_over != fail_over:
         raise click.BadParameter("must be a number, not nan", param_hint="--fail-over")

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from attntrace.install import pip_install
-from attntrace.loading import InputError, guarded
+from attntrace.model.loading import InputError, guarded
 
 _ADDRESS = re.compile(r"^(tcp|tls|ucx|inproc|ws|wss)://\S+$")
 _LOCAL = re.compile(r"^local(?::(\d+))?$")

@@ -39,9 +39,12 @@ PYTHON = sys.executable
 STAGES = """
 import json, resource, sys, time
 t = [time.perf_counter()]
-from attntrace import read, workers
+from attntrace import read
+from attntrace.read import workers
 workers.warm_up_for(sys.argv[1:2], read.CHUNK_BYTES)  # as the CLI does: the server imports while this does
-from attntrace import engine, model, summary
+from attntrace import model
+from attntrace.report import engine
+from attntrace.model import summary
 t.append(time.perf_counter())
 raw = read.read(sys.argv[1])
 t.append(time.perf_counter())

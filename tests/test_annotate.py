@@ -11,8 +11,8 @@ import orjson
 from click.testing import CliRunner
 from conftest import SAMPLES, sample
 
-from attntrace.annotate import CATEGORY, PROCESS_NAME
 from attntrace.cli import main
+from attntrace.formats.annotate import CATEGORY, PROCESS_NAME
 from attntrace.report import all_findings
 
 NAIVE = sample("bf16_causal_fwd/naive")
@@ -151,8 +151,8 @@ def test_annotate_leaves_the_report_unchanged(tmp_path: Path):
 
 
 def test_overlapping_findings_of_one_rule_get_their_own_lanes():
-    from attntrace.annotate import _lanes
-    from attntrace.flagged import Span
+    from attntrace.formats.annotate import _lanes
+    from attntrace.report.flagged import Span
 
     spans = [Span(0, 1, 0.0, 10.0), Span(1, 1, 5.0, 15.0), Span(2, 1, 10.0, 20.0), Span(3, 1, 16.0, 18.0)]
     # A slice that overlaps another in part goes to a second track; one that starts after an end reuses it.

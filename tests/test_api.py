@@ -102,7 +102,7 @@ def test_report_renders_in_jupyter_as_the_html_page():
 
 
 def test_lint_is_the_api_even_after_the_engine_module_is_imported():
-    import attntrace.engine as engine  # the engine has its own name: it never shadows attntrace.lint
+    import attntrace.report.engine as engine  # the engine has its own name: it never shadows attntrace.lint
 
     assert callable(attntrace.lint) and engine.exit_code is not None
     assert isinstance(attntrace.lint(NAIVE), attntrace.Report)

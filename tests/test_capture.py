@@ -109,8 +109,8 @@ def test_warnings_during_a_variant_are_kept_not_printed(tmp_path: Path):
 def test_summary_does_not_name_a_gpu_for_a_cpu_only_trace(tmp_path: Path):
     import gzip
 
-    from attntrace.loading import load
-    from attntrace.summary import summarize
+    from attntrace.model.loading import load
+    from attntrace.model.summary import summarize
 
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", "--device", "cpu", "--seq", "16", "--steps", "1", "--warmup", "0",

@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 from conftest import sample
 
-from attntrace.catalog import load_rules
 from attntrace.checks import Context
 from attntrace.checks import at401_low_occupancy as at401
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.checks.catalog import load_rules
+from attntrace.model.loading import load
+from attntrace.report.engine import lint_trace
 
 
 def _findings(name: str, rule: str) -> list[dict[str, Any]]:

@@ -10,11 +10,11 @@ import orjson
 import pytest
 from conftest import sample
 
-from attntrace import engine as lint
-from attntrace import read, workers
-from attntrace.catalog import load_rules
-from attntrace.loading import load
-from attntrace.read import decoding
+from attntrace import read
+from attntrace.checks.catalog import load_rules
+from attntrace.model.loading import load
+from attntrace.read import decoding, workers
+from attntrace.report import engine as lint
 
 
 def cut_into_pieces_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, sample
 
-from attntrace.catalog import load_rules
+from attntrace.checks.catalog import load_rules
 from attntrace.cli import main
 from attntrace.formats import github, markdown
 from attntrace.formats.printable import printable

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import SAMPLES, sample
 
-from attntrace.catalog import DOC_FIELDS, RuleFileError, load_rules, parse_rule
+from attntrace.checks.catalog import DOC_FIELDS, RuleFileError, load_rules, parse_rule
 from attntrace.cli import main
 
 NAIVE = sample("bf16_causal_fwd/naive")

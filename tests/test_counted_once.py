@@ -10,8 +10,8 @@ import pytest
 from conftest import DATA, ROOT, SAMPLES, impact_problems
 from tracebuild import read_json, write_json
 
-from attntrace import engine
-from attntrace.catalog import load_rules
+from attntrace.checks.catalog import load_rules
+from attntrace.report import engine
 
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"
 

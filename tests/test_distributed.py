@@ -19,10 +19,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import DATA, need, sample
 
-from attntrace import engine, workers
-from attntrace.catalog import load_rules
+from attntrace.checks.catalog import load_rules
 from attntrace.cli import main
 from attntrace.distributed import runner
+from attntrace.read import workers
+from attntrace.report import engine
 
 distributed = need("distributed", "dask")
 dask = need("dask", "dask")

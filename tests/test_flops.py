@@ -1,4 +1,4 @@
-"""The FLOP and byte formulas (attntrace/flops.py) against counts made another way: torch's FlopCounterMode on
+"""The FLOP and byte formulas (attntrace/model/flops.py) against counts made another way: torch's FlopCounterMode on
 ops recorded by the real profiler on the CPU (where torch is installed), and hand counts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from attntrace import flops
-from attntrace.loading import load
+from attntrace.model import flops
+from attntrace.model.loading import load
 
 
 # --- hand counts (no torch) ------------------------------------------------------------------------

@@ -6,14 +6,14 @@ from typing import Any
 
 from conftest import sample
 
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.model.loading import load
+from attntrace.report.engine import lint_trace
 
 
 def _at402_over_75() -> Any:
     """Settings with AT402's threshold at 75%: inside the range (72% to 81%) of compiled ViT-S's idle."""
-    from attntrace.catalog import load_rules
-    from attntrace.engine import default_settings
+    from attntrace.checks.catalog import load_rules
+    from attntrace.report.engine import default_settings
 
     settings = default_settings(load_rules())
     settings.params["AT402"]["min_idle_share"] = 0.75

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from attntrace import fromtrace
+from attntrace.capture import fromtrace
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model.loading import load
 from tests.conftest import ROOT, SAMPLES
 from tests.tracebuild import read_json, write_json
 

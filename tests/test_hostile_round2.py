@@ -26,9 +26,10 @@ from click.testing import CliRunner, Result
 from conftest import ROOT, SAMPLES, sample
 from test_hostile import run_measured
 
-from attntrace import loading, read, workers
+from attntrace import read
 from attntrace.cli import main
-from attntrace.read import buffers, decoding
+from attntrace.model import loading
+from attntrace.read import buffers, decoding, workers
 
 NAIVE = sample("bf16_causal_fwd/naive")
 CLI = [sys.executable, "-m", "attntrace"]
@@ -624,7 +625,7 @@ def test_endless_stream_of_non_json_stops_after_its_first_piece():
 def test_semaphores_left_at_exit_are_cleaned_up_without_a_warning() -> None:
     # A run that ends while a pool still holds its semaphores (Ctrl-C, a dead worker): the resource tracker
     # unlinks them; its "leaked semaphore objects" warning would break the one line an error gets.
-    code = ("import os\nfrom attntrace import workers\nlock = workers.context().Lock()\nos._exit(0)\n")
+    code = ("import os\nfrom attntrace.read import workers\nlock = workers.context().Lock()\nos._exit(0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == ""
 

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import sample
 
-from attntrace import taxonomy
 from attntrace.cli import main
-from attntrace.loading import load
-from attntrace.summary import device_summary
+from attntrace.model import taxonomy
+from attntrace.model.loading import load
+from attntrace.model.summary import device_summary
 
 NAIVE = sample("bf16_causal_fwd/naive")
 SDPA = sample("bf16_causal_fwd/sdpa")

@@ -16,7 +16,7 @@ from conftest import sample
 from test_shared_timestamps import PEAK_LIMIT_MB, _peak_mb
 
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 NAIVE, GOOD = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa")
 

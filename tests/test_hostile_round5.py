@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import sample
 
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 NAIVE, MATH, GOOD = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math"), sample("bf16_causal_fwd/sdpa")
 
@@ -240,7 +240,7 @@ def test_a_web_server_that_never_answers_is_one_line(monkeypatch: pytest.MonkeyP
     import socket
     import threading
 
-    from attntrace import sources
+    from attntrace.read import sources
 
     monkeypatch.setattr(sources, "HTTP_TIMEOUT_S", 0.5)
     server = socket.socket()

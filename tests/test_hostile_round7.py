@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import need, sample
 
-from attntrace import sources
 from attntrace.cli import main
+from attntrace.read import sources
 
 NAIVE = sample("bf16_causal_fwd/naive")
 

@@ -15,8 +15,8 @@ from conftest import sample
 from test_chunked import cut_into_pieces_of
 
 from attntrace.cli import main
-from attntrace.errors import TraceError
-from attntrace.loading import load
+from attntrace.model.loading import load
+from attntrace.read.errors import TraceError
 
 
 def _naive_doc() -> dict:

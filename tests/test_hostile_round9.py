@@ -295,7 +295,7 @@ def test_small_files_go_to_the_workers_in_batches(tmp_path: Path, monkeypatch: p
 
     from test_hostile_round2 import die_on_marked, small_trace
 
-    from attntrace import loading
+    from attntrace.model import loading
 
     names = [f"rank{i:02d}.json" for i in range(48)]
     for name in [*names, "rank20_die.json"]:

@@ -78,3 +78,26 @@ def test_no_import_cycles():
 
 def test_the_cycle_finder_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+# The packages in the order data flows through them; a module may import its own package and those before it.
+# install (pip hints) and allocator (polars' memory) use the standard library only, for any layer.
+LAYERS = ["attntrace.read", "attntrace.model", "attntrace.checks", "attntrace.report", "attntrace.formats",
+          "attntrace.capture"]
+FRONT = {"attntrace.api", "attntrace.cli", "attntrace.hook", "attntrace.distributed", "attntrace.__main__"}
+ANY_LAYER = {"attntrace", "attntrace.install", "attntrace.allocator"}
+
+
+def _layer(module: str) -> int:
+    for n, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return n
+    return len(LAYERS) if module in FRONT else -1
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    files = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    assert {m for m in files if _layer(m) == -1} == ANY_LAYER  # every module has its layer
+    upward = sorted(f"{name} imports {target}" for name, path in files.items()
+                    for target in _imports(path, set(files)) if _layer(target) > _layer(name))
+    assert upward == []

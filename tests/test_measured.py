@@ -16,7 +16,7 @@ from conftest import DATA, sample
 
 import attntrace
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 MEASURED = DATA / "measured"
 CALIBRATION = Path(__file__).parent.parent / "sample_traces" / "calibration"

@@ -11,8 +11,8 @@ import pytest
 from conftest import sample
 from tracebuild import read_json, write_json
 
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.model.loading import load
+from attntrace.report.engine import lint_trace
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
 ID_ARGS = ("correlation", "External id", "Ev Idx", "Python id", "Python parent id")

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from conftest import sample
 
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 NAIVE = sample("bf16_causal_fwd/naive")
 
@@ -175,7 +175,7 @@ def test_an_op_starting_where_its_sibling_ended_is_its_sibling():
                         "end": [10.0, 5.0, 8.0, 8.0]}, schema_overrides={"idx": pl.UInt32})
     assert optree.op_parents(ops) == _parents_by_stack(ops) == [None, 0, 0, 2]
     trace = load(str(Path(__file__).parent / "data" / "hta_trace_diff_v100.json.gz"))
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     clones = [f for f in lint_trace(trace).findings if f["rule"] == "AT101"
               and f["where"]["op_chain"].startswith("CompiledFunction > aten::clone")]
@@ -189,7 +189,7 @@ def test_reading_and_linting_leave_the_garbage_collector_as_they_found_it(collec
     # Both pause cyclic GC while they work (gc_paused); a library caller's setting must come back either way.
     import gc
 
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     was = gc.isenabled()
     try:

@@ -15,7 +15,7 @@ from conftest import DATA
 from nsys_build import ELEMENTWISE, FP32_GEMM, TF32_GEMM, Export, Kernel
 
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 NSYS = DATA / "nsys"
 EXPORTS = sorted(NSYS.glob("*.sqlite"))

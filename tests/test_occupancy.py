@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from attntrace.occupancy import theoretical
+from attntrace.model.occupancy import theoretical
 
 H200 = {"computeMajor": 9, "computeMinor": 0, "maxThreadsPerMultiprocessor": 2048, "regsPerMultiprocessor": 65536,
         "warpSize": 32, "sharedMemPerMultiprocessor": 233472, "sharedMemPerBlockOptin": 232448,

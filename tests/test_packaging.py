@@ -24,7 +24,7 @@ def test_wheel_ships_rules_and_lints(tmp_path: Path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import attntrace.data as d; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import attntrace.model.data as d; "
             "assert str(d.rules_dir()).startswith(sys.argv[1]), d.rules_dir(); from attntrace.cli import main; "
             "sys.argv = ['attntrace', 'lint', sys.argv[2]]; main()")
     result = subprocess.run([sys.executable, "-c", code, str(target), sample("bf16_causal_fwd/naive")], cwd=tmp_path,

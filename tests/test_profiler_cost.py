@@ -17,9 +17,9 @@ from conftest import CORPUS, DATA, SAMPLES, sample
 
 from attntrace.api import lint as lint_api
 from attntrace.api import summarize as summarize_api
+from attntrace.checks.config import ConfigError, read_config_file
 from attntrace.cli import main
-from attntrace.config import ConfigError, read_config_file
-from attntrace.loading import load
+from attntrace.model.loading import load
 from attntrace.model.replay import ProfilerCosts, replay
 
 CALIBRATION = SAMPLES / "calibration"
@@ -392,7 +392,7 @@ def test_the_costs_follow_the_hosts_launch_time():
 @pytest.mark.parametrize("variant", ["naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
                                      "sdpa_cudnn", "sdpa", "compiled", "flex", "triton"])
 def test_the_same_program_captured_twice_gets_the_same_verdicts(variant):
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     def verdicts(directory: str) -> list[tuple[str, str]]:
         report = lint_trace(load(sample(f"{directory}/{variant}")))

@@ -12,8 +12,8 @@ import pytest
 from conftest import sample
 from tracebuild import read_json, write_json
 
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.model.loading import load
+from attntrace.report.engine import lint_trace
 
 
 def _findings(path: str) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import SAMPLES
 
-from attntrace import progress
 from attntrace.cli import main
+from attntrace.formats import progress
 
 
 def test_lint_prints_no_progress_when_stderr_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch):

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import DATA, sample
 
 from attntrace.cli import main
-from attntrace.ranks import spans
+from attntrace.report.ranks import spans
 
 NAIVE, MATH = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math")
 

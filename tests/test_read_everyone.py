@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from conftest import sample
 from tracebuild import data, read_json, write_json
 
-from attntrace import read, taxonomy
+from attntrace import read
 from attntrace.cli import main
-from attntrace.engine import lint_trace
-from attntrace.loading import load
-from attntrace.summary import summarize
+from attntrace.model import taxonomy
+from attntrace.model.loading import load
+from attntrace.model.summary import summarize
+from attntrace.report.engine import lint_trace
 
 NAIVE = sample("bf16_causal_fwd/naive")
 

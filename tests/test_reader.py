@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import sample
 
-from attntrace.loading import guarded, load
+from attntrace.model.loading import guarded, load
 
 NAIVE = sample("bf16_causal_fwd/naive")
 

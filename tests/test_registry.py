@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attntrace.catalog import load_rules
 from attntrace.checks import CHECKS
+from attntrace.checks.catalog import load_rules
 
 CHECKS_DIR = Path(__file__).resolve().parent.parent / "attntrace" / "checks"
 

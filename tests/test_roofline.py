@@ -1,4 +1,4 @@
-"""The roofline of real traces (attntrace/roofline.py): MFU against a hand count from the model's size and
+"""The roofline of real traces (attntrace/model/roofline.py): MFU against a hand count from the model's size and
 tokens, the same attention FLOPs as `run`'s table, coverage and what it leaves out, and the surfaces
 (`summary --ops`, lint's JSON, the HTML report, diff)."""
 
@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import DATA, SAMPLES, sample
 
-from attntrace import compare, roofline
 from attntrace.cli import main
-from attntrace.loading import load
+from attntrace.model import roofline
+from attntrace.model.loading import load
+from attntrace.report import compare
 
 H200_BF16 = 989.4e12
 
@@ -117,7 +118,7 @@ def test_diff_compares_mfu_and_each_class_s_rate() -> None:
 
 # --- AT601 far-from-roofline on real traces ------------------------------------------------------------
 def _at601(path: str) -> list[dict]:
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     return [f for f in lint_trace(load(path)).findings if f["rule"] == "AT601"]
 

@@ -7,9 +7,9 @@ from functools import cache
 import pytest
 from conftest import DATA, sample
 
-from attntrace.engine import lint_trace
-from attntrace.loading import load
-from attntrace.summary import summarize
+from attntrace.model.loading import load
+from attntrace.model.summary import summarize
+from attntrace.report.engine import lint_trace
 
 
 @cache
@@ -84,8 +84,8 @@ def test_at201_silent_on_tensor_core_gemms(name):
 def test_at201_never_fires_on_tf32():
     # The A100 alexnet trace runs its convolutions as TF32 implicit GEMMs next to FP32 sgemms.
     # With the share threshold at 0 every FP32 GEMM is reported; the TF32 ones must still not be.
-    from attntrace import config
-    from attntrace.catalog import load_rules
+    from attntrace.checks import config
+    from attntrace.checks.catalog import load_rules
 
     settings = config.build(load_rules(), {}, "test", ["AT201"], [], ["AT201.min_share=0"], None)
     trace = load(str(DATA / "hta_alexnet_a100.json.gz"))
@@ -151,7 +151,7 @@ def test_at501_silent_on_gpu_heavy_steps(name):
 
 
 def test_findings_sorted_and_deterministic():
-    from attntrace.engine import assemble, sort_key
+    from attntrace.report.engine import assemble, sort_key
 
     first = assemble([report("bf16_causal_fwd/sdpa_math")])
     assert first["findings"] == sorted(first["findings"], key=sort_key)

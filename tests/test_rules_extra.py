@@ -8,8 +8,8 @@ import pytest
 from conftest import DATA, sample
 from tracebuild import read_json, write_json
 
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.model.loading import load
+from attntrace.report.engine import lint_trace
 
 
 @cache
@@ -184,7 +184,7 @@ def test_at402_steps_do_not_overlap_when_the_gpu_runs_a_step_behind():
     # HTA's DDP rank: each step's kernels start ~160 ms after their launch and end in the next step. A window from
     # a step's start to its GPU work's end overlapped the next one: "235 ms idle of 377 ms" per step, in 5 steps of
     # ~216 ms (5 x 235 ms is more than the trace lasts).
-    from attntrace.summary import profiler_cost
+    from attntrace.model.summary import profiler_cost
 
     trace = load(str(DATA / "hta_deep_queue_rank0_a100.json.gz"))
     (f,) = [f for f in lint_trace(trace).findings if f["rule"] == "AT402"]
@@ -228,7 +228,7 @@ def test_at501_takes_off_the_profiler_cost_the_replay_charges():
 def test_at501_and_at402_give_one_step():
     # GPT-2 generate(): AT402 and summary said 107.873 ms per step (the CPU's median, which no step is shorter
     # than), the AT501 nested in it 107.639 ms (the steps' own median), and an idle 234 us apart.
-    from attntrace.summary import profiler_cost
+    from attntrace.model.summary import profiler_cost
 
     trace = load(sample("heldout/gpt2_generate.plain"))
     findings = lint_trace(trace).findings

@@ -10,8 +10,8 @@ import orjson
 import pytest
 from conftest import ROOT, SAMPLES, sample
 
-from attntrace import compare
 from attntrace.capture.options import Shape, check_shape, variant_names, varlen_lengths
+from attntrace.report import compare
 
 BAD_ARGS = [
     (["--variants", "nosuch"], "unknown variant(s) nosuch"),
@@ -101,7 +101,7 @@ def test_op_bytes():
 
 
 def test_bytes_per_step_on_h200_traces():
-    from attntrace.loading import load
+    from attntrace.model.loading import load
 
     # cuDNN's fused kernel reads q, k, v and writes o: 4 x [4, 16, 2048, 64] bf16.
     assert compare.bytes_per_step(load(sample("bf16_causal_fwd/sdpa"))) == 4 * 4 * 16 * 2048 * 64 * 2

@@ -21,8 +21,8 @@ import polars as pl
 import pytest
 from conftest import sample
 
-from attntrace.loading import load
 from attntrace.model import _engulfing_ops
+from attntrace.model.loading import load
 from attntrace.model.trace import MAX_OP_DEPTH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +37,9 @@ PEAK_LIMIT_MB = 450
 PEAK = """
 import re, sys
 from pathlib import Path
-from attntrace.engine import lint_trace
-from attntrace.loading import load
-from attntrace.summary import summarize
+from attntrace.report.engine import lint_trace
+from attntrace.model.loading import load
+from attntrace.model.summary import summarize
 trace = load(sys.argv[1])
 summarize(trace)
 report = lint_trace(trace)

@@ -8,10 +8,10 @@ from click.testing import CliRunner
 from conftest import SAMPLES, sample
 
 from attntrace.cli import main
-from attntrace.engine import lint_trace
-from attntrace.loading import load
+from attntrace.model.loading import load
 from attntrace.model.replay import Change
-from attntrace.summary import critical_path
+from attntrace.model.summary import critical_path
+from attntrace.report.engine import lint_trace
 
 TINY_OPS = sample("workloads/launch_bound_tiny_ops")  # 200 tiny kernels a step, launch-bound
 GPU_BOUND = sample("bf16_causal_fwd/naive")  # the GPU runs steps behind the CPU

@@ -20,8 +20,8 @@ def sample_paths() -> list[str]:
 
 def lint_samples() -> dict:
     """The report of every sample trace with the default settings (run from the repository's root)."""
-    from attntrace import engine as lint
-    from attntrace.catalog import load_rules
+    from attntrace.checks.catalog import load_rules
+    from attntrace.report import engine as lint
 
     return lint.run(sample_paths(), lint.default_settings(load_rules()))
 

@@ -22,8 +22,8 @@ def runs() -> list[Path]:
 
 def findings_now(path: Path) -> dict[str, str]:
     """Variant -> its findings column ("2W 1I", "none") from linting its trace now."""
-    from attntrace.compare import finding_counts
-    from attntrace.loading import load
+    from attntrace.model.loading import load
+    from attntrace.report.compare import finding_counts
 
     report = orjson.loads(path.read_bytes())
     return {v["name"]: finding_counts(load(str(path.parent / v["trace"]))) for v in report.get("variants", [])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from attntrace.loading import load
+from attntrace.model.loading import load
 from attntrace.model.replay import ProfilerCosts, replay
 
 

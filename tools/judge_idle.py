@@ -21,8 +21,8 @@ CALIBRATION = ROOT / "sample_traces" / "calibration"
 
 
 def main(argv: list[str]) -> int:
-    from attntrace.engine import lint_trace
-    from attntrace.loading import load
+    from attntrace.model.loading import load
+    from attntrace.report.engine import lint_trace
 
     directory = Path(argv[0]) if argv else CALIBRATION
     timings = json.loads((directory / "timings.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from attntrace.compare import analyse_run, render
+from attntrace.report.compare import analyse_run, render
 
 MEASURED = ("name", "description", "status", "reason", "rel_error", "event_ms", "trace", "detail", "warnings")
 

@@ -1,4 +1,4 @@
-"""Coverage of the roofline model (attntrace/roofline.py) on every trace under the given paths: per trace the
+"""Coverage of the roofline model (attntrace/model/roofline.py) on every trace under the given paths: per trace the
 share of GPU time whose ops have a FLOP or byte model, MFU where FLOPs were modelled, and across all of them the
 op kinds that leave the most GPU time unmodelled (each trace weighted by its share, so that one long trace does
 not hide the others).
@@ -12,9 +12,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from attntrace.loading import guarded, load
+from attntrace.model.loading import guarded, load
+from attntrace.model.roofline import analyse
 from attntrace.read import discover
-from attntrace.roofline import analyse
 
 
 def main(paths: list[str]) -> None:

@@ -129,7 +129,7 @@ def culprit(ctx: Context, op: int | None) -> tuple[list[str], str | None]:
 def _unfused_attention_ops(ctx: Context) -> set[int]:
     """The ops of the unfused attention chains (AT102's), and the autograd nodes of their backward
     (MaskedFillBackward0 clones the scores): a copy under one of them goes when the chain is fused."""
-    from attntrace.catalog import load_rules
+    from attntrace.checks.catalog import load_rules
 
     # With or without recorded shapes, as AT102 finds them: without, a copy inside the chain was a second
     # warning beside AT102's, its time counted twice.

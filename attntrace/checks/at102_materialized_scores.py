@@ -11,7 +11,7 @@ import polars as pl
 
 from attntrace.checks.base import ITEM_SIZE, Context, fmt_bytes, fmt_us
 from attntrace.checks.measure_hint import point_to_measurement
-from attntrace.peaks import device_peaks
+from attntrace.model.peaks import device_peaks
 
 SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}
 MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"}

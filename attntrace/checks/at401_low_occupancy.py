@@ -7,9 +7,9 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import occupancy, taxonomy
 from attntrace.checks.base import ITEM_SIZE, Context, Skip, fmt_us, steps_of
-from attntrace.peaks import device_peaks
+from attntrace.model import occupancy, taxonomy
+from attntrace.model.peaks import device_peaks
 
 CONFIG = ["block_threads", "registers", "shared_memory", "grid_blocks"]
 MAX_CHAINS = 50  # launching ops looked at per kernel: enough to tell one call site from several

@@ -8,10 +8,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from attntrace import roofline
-from attntrace.catalog import load_rules
 from attntrace.checks import at102_materialized_scores as at102
 from attntrace.checks.base import Context, Skip, fmt_us
+from attntrace.checks.catalog import load_rules
+from attntrace.model import roofline
 
 # Elements a tensor-core tile wants each GEMM dimension to be a multiple of (16 bytes of the input type).
 ALIGNMENT = {"bf16": 8, "fp16": 8, "tf32": 4, "fp8": 16}

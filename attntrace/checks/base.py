@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule, load_frameworks
+from attntrace.checks.catalog import DEFAULT_MIN_SAVING_SHARE, MIN_SAVING_SHARE, Rule, load_frameworks
 from attntrace.model import Trace
 from attntrace.model.identity import trace_label
 from attntrace.model.replay import Change

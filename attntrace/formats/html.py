@@ -11,7 +11,7 @@ from typing import Any
 
 from attntrace.formats.text import attention_text, impact_text
 from attntrace.install import pip_install
-from attntrace.ranks import render_job
+from attntrace.report.ranks import render_job
 
 MISSING_EXTRA = f"the HTML report needs plotly: {pip_install('html')}"
 COLOURS = {"attention": "#2e7d32", "GEMM tensor-core": "#1565c0", "GEMM FP32": "#c62828", "GEMM other": "#6a1b9a",
@@ -243,7 +243,7 @@ def comparison_charts(rows: list[dict[str, Any]], peak_tflops: float | None) -> 
 
 
 def _run_table(rows: list[dict[str, Any]], backward: bool) -> str:
-    from attntrace.compare import headers
+    from attntrace.report.compare import headers
 
     titles = headers(backward)
     shown = [k for k in titles if k in ("variant", "status") or any(r.get(k) is not None for r in rows)]

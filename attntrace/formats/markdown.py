@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from attntrace.checks.base import fmt_ms
-from attntrace.ranks import render_job
+from attntrace.report.ranks import render_job
 
 ICON = {"error": "🔴", "warning": "🟡", "info": "🔵"}
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body, in characters

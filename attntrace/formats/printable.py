@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attntrace.loading import display_path
+from attntrace.model.loading import display_path
 
 
 def shown(text: str) -> str:

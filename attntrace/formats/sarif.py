@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from attntrace import __version__
-from attntrace.catalog import Rule
+from attntrace.checks.catalog import Rule
 
 LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

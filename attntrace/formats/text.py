@@ -124,7 +124,7 @@ def render(report: dict[str, Any], colour: bool) -> str:
         out += skipped_line(skipped.get(path, []), style)
         out.append("")
     if report.get("job"):
-        from attntrace.ranks import render_job
+        from attntrace.report.ranks import render_job
 
         out += render_job(report["job"])
         for f in report["findings"]:

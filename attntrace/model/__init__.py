@@ -10,8 +10,8 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import taxonomy
 from attntrace.model import measured as measured_steps
+from attntrace.model import taxonomy
 from attntrace.model.intervals import busy_us
 from attntrace.model.tables import split_trace
 from attntrace.model.trace import Trace, TraceMeta

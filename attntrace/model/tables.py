@@ -23,9 +23,7 @@ from typing import Any, overload
 import msgspec
 import polars as pl
 
-from attntrace import workers
-from attntrace.errors import TraceError
-from attntrace.events import Args, Begin, Complete, Document, End, Event, TraceEvent
+from attntrace.read import workers
 from attntrace.read.buffers import let_go
 from attntrace.read.decoding import (
     Undecodable,
@@ -37,6 +35,8 @@ from attntrace.read.decoding import (
     no_phase_problem,
     redecode,
 )
+from attntrace.read.errors import TraceError
+from attntrace.read.events import Args, Begin, Complete, Document, End, Event, TraceEvent
 from attntrace.read.raw import Pieces, RawTrace
 
 # Categories by kind, current and older spellings and other vendors (TRACE_FORMAT.md).

@@ -10,15 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from attntrace import taxonomy
-from attntrace.events import Args
-from attntrace.model import links, optree
+from attntrace.model import links, optree, taxonomy
 from attntrace.model.intervals import busy_us
 from attntrace.model.measured import Calibration, Measured, Spread, calibrate, scaled, spread_for
 from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.model.whatif import WallSaving, sample_steps, wall_savings
 from attntrace.read.decoding import decode_raw
+from attntrace.read.events import Args
 
 if TYPE_CHECKING:
     from attntrace.model.tables import OpInputs

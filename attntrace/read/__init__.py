@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from attntrace.errors import TraceError
 from attntrace.read.buffers import check_memory, is_file_of, let_go, load_bytes
 from attntrace.read.decoding import decode, salvaged
+from attntrace.read.errors import TraceError
 from attntrace.read.inputs import discover, input_roots
 from attntrace.read.nsys import is_sqlite, is_sqlite_file, read_export
 from attntrace.read.raw import CHUNK_BYTES, DEFAULT_MAX_BYTES, RawTrace, ReadOptions

@@ -1,5 +1,5 @@
 """Getting a trace's bytes: regular files (read, not mapped: see load_bytes), stdin,
-pipes and FIFOs (bounded reads, a FIFO without a writer refused after a wait), URLs through attntrace.sources,
+pipes and FIFOs (bounded reads, a FIFO without a writer refused after a wait), URLs through attntrace.read.sources,
 the size limit (--max-size), and the memory guard that refuses a trace the memory left cannot analyse."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attntrace import workers
-from attntrace.errors import TraceError
+from attntrace.read import workers
 from attntrace.read.encodings import gunzip, may_be_a_trace, other_format
+from attntrace.read.errors import TraceError
 from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer
 
 STREAM_CHUNK = 1 << 20
@@ -31,8 +31,8 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
 
     A regular file's size is checked before it is read; a stream (stdin, a pipe, a FIFO, process
     substitution) is read to its end and refused as soon as it passes the limit. A URL is read through
-    attntrace.sources with the same limit."""
-    from attntrace import sources
+    attntrace.read.sources with the same limit."""
+    from attntrace.read import sources
 
     try:
         if path == "-":
@@ -247,7 +247,7 @@ def check_memory(size: int) -> None:
 
 def is_file_of(path: str, data: Buffer) -> bool:
     """Whether `data` is the local file's bytes as they are (not gunzipped, not a stream or URL)."""
-    from attntrace import sources
+    from attntrace.read import sources
 
     if path == "-" or sources.is_url(path):
         return False

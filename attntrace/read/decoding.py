@@ -18,9 +18,18 @@ from typing import Any
 
 import msgspec
 
-from attntrace import workers
-from attntrace.errors import TraceError
-from attntrace.events import (
+from attntrace.read import salvage, workers
+from attntrace.read.buffers import let_go
+from attntrace.read.encodings import (
+    NON_SPACE,
+    RAW_SURROGATE,
+    SURROGATE,
+    replace_lone_surrogates,
+    replace_raw_surrogates,
+    utf16_to_utf8,
+)
+from attntrace.read.errors import TraceError
+from attntrace.read.events import (
     READ_PHASES,
     SKIPPED_PHASES,
     AnyEvent,
@@ -30,16 +39,6 @@ from attntrace.events import (
     Outline,
     TraceEvent,
     Unphased,
-)
-from attntrace.read import salvage
-from attntrace.read.buffers import let_go
-from attntrace.read.encodings import (
-    NON_SPACE,
-    RAW_SURROGATE,
-    SURROGATE,
-    replace_lone_surrogates,
-    replace_raw_surrogates,
-    utf16_to_utf8,
 )
 from attntrace.read.raw import CHUNK_BYTES, DROPPED_NOTE, UNPHASED_NOTE, Buffer, Pieces, RawTrace
 

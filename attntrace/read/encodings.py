@@ -8,7 +8,7 @@ import re
 import shlex
 import zlib
 
-from attntrace.errors import TraceError
+from attntrace.read.errors import TraceError
 from attntrace.read.raw import Buffer
 
 NON_SPACE = re.compile(rb"[^ \t\r\n]")

@@ -1,5 +1,5 @@
 """Finding the inputs: files, directories (their *.json, *.json.gz and *.sqlite files, sorted), quoted glob patterns,
-stdin, and URLs (through attntrace.sources). Nothing here opens a trace; it names what to read, or why an
+stdin, and URLs (through attntrace.read.sources). Nothing here opens a trace; it names what to read, or why an
 input cannot be read."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from attntrace.errors import TRACE_SUFFIXES, TraceError
+from attntrace.read.errors import TRACE_SUFFIXES, TraceError
 
 _GLOB = re.compile(r"[*?\[]")
 # Nsight Systems exports (read/nsys.py) found in a directory; one of another program is passed over there.
@@ -22,7 +22,7 @@ EXPORT_SUFFIXES = (".sqlite",)
 def input_roots(paths: list[str]) -> tuple[str, ...]:
     """The inputs that name a set of traces (directories, URL prefixes, quoted patterns' folders): a trace
     found under one is known by its name and the path below it (model/identity.py)."""
-    from attntrace import sources
+    from attntrace.read import sources
 
     roots = []
     for given in paths:
@@ -47,7 +47,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
     a FIFO or pipe named on the command line is read as a stream."""
     stdin_seen = False
-    from attntrace import sources  # URLs: a small module; fsspec itself is imported only for a URL
+    from attntrace.read import sources  # URLs: a small module; fsspec itself is imported only for a URL
 
     for given in paths:
         if not given:  # an unset shell variable ("$TRACE"): Path("") is the current directory, which it never meant

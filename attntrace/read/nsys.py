@@ -30,8 +30,8 @@ from urllib.parse import quote
 
 import polars as pl
 
-from attntrace.errors import TraceError
-from attntrace.events import Document
+from attntrace.read.errors import TraceError
+from attntrace.read.events import Document
 from attntrace.read.raw import Buffer, RawTrace
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

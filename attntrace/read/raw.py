@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from attntrace.events import Document, TraceEvent
+from attntrace.read.events import Document, TraceEvent
 
 # A trace's bytes: read into memory, or a large file mapped copy-on-write (see buffers._mapped).
 Buffer = bytes | bytearray | mmap.mmap

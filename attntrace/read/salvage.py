@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from attntrace.errors import TraceError
-from attntrace.events import TraceEvent
+from attntrace.read.errors import TraceError
+from attntrace.read.events import TraceEvent
 from attntrace.read.raw import Buffer, RawTrace
 
 SALVAGE_ATTEMPTS = 64

@@ -28,7 +28,7 @@ def capture(out: Path) -> None:
 def finalize(out: Path) -> None:
     import orjson
 
-    from attntrace.compare import analyse_run
+    from attntrace.report.compare import analyse_run
 
     captured = json.loads((out / "captured.json").read_text())
     captured["meta"]["config"]["out_dir"] = str(out)

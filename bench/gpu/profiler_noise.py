@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 from tabulate import tabulate
 
-from attntrace.loading import load
+from attntrace.model.loading import load
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = [ROOT / "sample_traces" / "calibration", ROOT / "sample_traces" / "heldout"]

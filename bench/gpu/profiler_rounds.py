@@ -95,7 +95,7 @@ def capture_rounds(out: Path, rounds: int, names: list[str], only: list[str]) ->
 def replay_captures(trace_dirs: list[Path], results_path: Path) -> int:
     """Lint every capture and keep, per capture, what issue 22 judges: the replayed step, the step as recorded,
     the GPU busy time and AT402's claim, beside the un-profiled timings around it."""
-    from attntrace.loading import load
+    from attntrace.model.loading import load
 
     captures, hosts = [], []
     for trace_dir in trace_dirs:
@@ -113,7 +113,7 @@ def replay_captures(trace_dirs: list[Path], results_path: Path) -> int:
 
 
 def _judged_capture(trace: Any, name: str, setting: str, run: dict[str, Any]) -> dict[str, Any]:
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     report = lint_trace(trace)
     per_device = trace.replay.per_device().sort("gpu_busy_us", descending=True, maintain_order=True)

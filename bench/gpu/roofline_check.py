@@ -4,7 +4,7 @@ First run on an H100 (2026-12-05): its traces held no GPU work (exported after t
 Each case runs one op at one shape: timed with CUDA events without the profiler (median of repeats), then
 captured with the profiler (record_shapes, 3 steps of one call). `report` (run where attntrace's dependencies
 are installed, e.g. this repository's venv) reads the traces back through attntrace's roofline and compares, per
-case: the FLOPs attntrace/flops.py counts from the recorded shapes against a hand count written here, and the
+case: the FLOPs attntrace/model/flops.py counts from the recorded shapes against a hand count written here, and the
 achieved TFLOP/s (or TB/s) from the trace's kernel time against the CUDA-event one.
 
     python bench/gpu/roofline_check.py capture OUT         # on the GPU (torch only): OUT/*.pt.trace.json.gz, timings
@@ -158,8 +158,8 @@ def one(name: str) -> None:
 
 
 def report(out: Path) -> None:
-    from attntrace.loading import load
-    from attntrace.roofline import analyse
+    from attntrace.model.loading import load
+    from attntrace.model.roofline import analyse
 
     timings = json.loads((out / "timings.json").read_text())
     print(f"{timings['gpu']}, torch {timings['torch']}")

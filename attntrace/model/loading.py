@@ -15,9 +15,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from attntrace import model, read, workers
-from attntrace.errors import TraceError
+from attntrace import model, read
 from attntrace.model.identity import trace_label
+from attntrace.read import workers
+from attntrace.read.errors import TraceError
 
 T = TypeVar("T")
 SKIPPED = "skipped"  # the kind of an InputError that is a note, not a failure
@@ -89,7 +90,7 @@ def _init_worker(jobs: int) -> None:
 
 
 def _pool(processes: int) -> ProcessPoolExecutor:
-    # Forked from a warm server (attntrace.workers), not from this process: polars' thread pool does not
+    # Forked from a warm server (attntrace.read.workers), not from this process: polars' thread pool does not
     # survive a fork, and a spawned worker would import everything again. The memory and cores are shared by
     # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th). The server
     # is started here (when not yet running) so that it dies with this process (workers.warm_up).
@@ -247,7 +248,7 @@ Runner = Callable[[list[str], Callable[[str], Any]], list[Any]]
 def _openable_elsewhere(path: str) -> bool:
     """Whether a worker process can open this input by its name: a file or a URL, not stdin, a pipe or a
     /dev/fd descriptor (`<(zcat t.json.gz)`), which only this process holds."""
-    from attntrace.sources import is_url
+    from attntrace.read.sources import is_url
 
     if path == "-" or path.startswith(("/dev/fd/", "/proc/self/fd/", "/dev/stdin")):
         return False

@@ -8,9 +8,9 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.flagged import resolve
 from attntrace.model import Trace
 from attntrace.model.intervals import merged_runs
+from attntrace.report.flagged import resolve
 
 # Chart groups in legend order; "idle" is the rest of the step window.
 GROUPS = ("attention", "GEMM tensor-core", "GEMM FP32", "GEMM other", "elementwise", "Triton", "copies",

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attntrace.flops import attended_pairs, attention_flops, op_bytes
-from attntrace.peaks import device_peaks
+from attntrace.model.flops import attended_pairs, attention_flops, op_bytes
+from attntrace.model.peaks import device_peaks
 
 __all__ = ["analyse_run", "attended_pairs", "attention_flops", "op_bytes", "peak_for", "table_rows"]
 
@@ -194,8 +194,8 @@ def header_line(report: dict[str, Any]) -> str:
 def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool) -> dict[str, Any]:
     """run.json: the config, the environment, each variant's result with numbers read back from its trace
     (a path relative to the run's output directory), and the comparison table."""
-    from attntrace.loading import load
-    from attntrace.summary import step_means, summarize
+    from attntrace.model.loading import load
+    from attntrace.model.summary import step_means, summarize
 
     variants = []
     for result in results:
@@ -227,7 +227,7 @@ def analyse_run(meta: dict[str, Any], results: list[dict[str, Any]], lint: bool)
 def finding_counts(trace: Any) -> str:
     """The findings column of the run table: causes by severity ("2W 1I"), or "none"; a cause's consequences
     are inside it, not counted beside it."""
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     report = lint_trace(trace)
     counts = {s: sum(1 for f in report.findings if f["severity"] == s and "cause" not in f)

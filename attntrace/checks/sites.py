@@ -12,13 +12,13 @@ from typing import Any
 
 import polars as pl
 
-from attntrace.catalog import load_rules
 from attntrace.checks import at102_materialized_scores as at102
 from attntrace.checks import at202_sdpa_math_fallback as at202
 from attntrace.checks import at203_fp32_attention as at203
 from attntrace.checks.base import Context
+from attntrace.checks.catalog import load_rules
 from attntrace.model import Trace
-from attntrace.summary import SDPA_OPS
+from attntrace.model.summary import SDPA_OPS
 
 SDPA = "aten::scaled_dot_product_attention"
 DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64"}

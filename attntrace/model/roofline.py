@@ -15,9 +15,8 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import flops, taxonomy
-from attntrace.model import Trace
-from attntrace.peaks import device_peaks
+from attntrace.model import Trace, flops, taxonomy
+from attntrace.model.peaks import device_peaks
 
 PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 LOOK_UP = 4  # ops above an unmodelled launching op searched for a model

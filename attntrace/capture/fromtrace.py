@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from attntrace import sites
 from attntrace.capture import options
+from attntrace.checks import sites
 from attntrace.model import Trace
 from attntrace.read.buffers import read_small_file
 
@@ -69,7 +69,7 @@ def plan(trace: Trace, variants: str = "all", causal: bool | None = None) -> dic
     unknown variant name; NoShapes for a trace without recorded shapes."""
     if not trace.has_shapes:
         raise NoShapes(no_shapes_line(trace.path))
-    from attntrace.engine import lint_trace
+    from attntrace.report.engine import lint_trace
 
     found = sites.find(trace)
     findings = [f for f in lint_trace(trace).findings if f["rule"] in MEASURED_RULES]
@@ -155,7 +155,7 @@ def measure(doc: dict[str, Any], *, steps: int, warmup: int, device: str, out_di
     import orjson
 
     from attntrace.capture import runner
-    from attntrace.compare import analyse_run
+    from attntrace.report.compare import analyse_run
 
     measured = []
     chosen = doc["sites"][:max_sites]

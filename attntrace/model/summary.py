@@ -7,8 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import occupancy, taxonomy
-from attntrace.model import Trace, busy_us
+from attntrace.model import Trace, busy_us, occupancy, taxonomy
 from attntrace.model.critical_path import summarize as summarize_paths
 from attntrace.model.measured import calibration_json
 from attntrace.model.replay import RECORDED_STEP, Change

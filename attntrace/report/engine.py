@@ -8,17 +8,25 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import __version__, ranks, roofline
-from attntrace.catalog import Rule, load_rules
+from attntrace import __version__
 from attntrace.checks import CHECKS, Context, Skip
-from attntrace.config import Settings
-from attntrace.loading import SKIPPED, InputError, Runner, load, map_inputs
-from attntrace.model import Trace
+from attntrace.checks.catalog import Rule, load_rules
+from attntrace.checks.config import Settings
+from attntrace.model import Trace, roofline
+from attntrace.model.loading import SKIPPED, InputError, Runner, load, map_inputs
 from attntrace.model.replay import ProfilerCosts
+from attntrace.model.summary import summarize
 from attntrace.model.tables import gc_paused
 from attntrace.read import ReadOptions, input_roots
-from attntrace.report import SEVERITY_RANK, TraceReport, promises_nothing, severity_counts, sort_key, total_impact
-from attntrace.summary import summarize
+from attntrace.report import (
+    SEVERITY_RANK,
+    TraceReport,
+    promises_nothing,
+    ranks,
+    severity_counts,
+    sort_key,
+    total_impact,
+)
 
 SCHEMA_VERSION = 1
 

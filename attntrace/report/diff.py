@@ -13,11 +13,11 @@ from typing import Any
 
 import polars as pl
 
-from attntrace import stats
-from attntrace.engine import TraceReport, lint_trace
-from attntrace.loading import InputError, display_path, guarded, load
+from attntrace.model import stats
 from attntrace.model.identity import fold_name, trace_label
+from attntrace.model.loading import InputError, display_path, guarded, load
 from attntrace.read import discover
+from attntrace.report.engine import TraceReport, lint_trace
 
 CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
 # The test's least: a spread of steady steps on each side (one step has no spread: its variance would be the floor

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from attntrace.errors import TRACE_SUFFIXES, TraceError
 from attntrace.install import pip_install
+from attntrace.read.errors import TRACE_SUFFIXES, TraceError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _GLOB = re.compile(r"[*?\[]")

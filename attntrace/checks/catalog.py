@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attntrace.data import load_toml, rules_dir
+from attntrace.model.data import load_toml, rules_dir
 
 SEVERITIES = ("error", "warning", "info")
 DOC_FIELDS = ("what", "why", "example", "fix")

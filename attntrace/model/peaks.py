@@ -8,9 +8,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attntrace.data import load_toml
+from attntrace.model.data import load_toml
 
-PEAKS_FILE = Path(__file__).resolve().parent / "peaks.toml"
+PEAKS_FILE = Path(__file__).resolve().parent.parent / "peaks.toml"  # attntrace/peaks.toml
 
 
 @cache

@@ -8,7 +8,7 @@ from functools import cache
 
 import polars as pl
 
-from attntrace.data import load_toml, rules_dir
+from attntrace.model.data import load_toml, rules_dir
 
 OTHER = "other"
 COMMUNICATION = "communication"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attntrace.catalog import SEVERITIES, Rule, resolve
+from attntrace.checks.catalog import SEVERITIES, Rule, resolve
 from attntrace.model.replay import COST_NAMES
 from attntrace.read.buffers import read_small_file
 

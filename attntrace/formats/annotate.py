@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 import polars as pl
 
-from attntrace.errors import TraceError
-from attntrace.flagged import Span, resolve
+from attntrace.formats.output import WouldOverwriteInput, replacing
 from attntrace.model import Trace
-from attntrace.output import WouldOverwriteInput, replacing
 from attntrace.read.encodings import utf16_to_utf8, wide_codec
+from attntrace.read.errors import TraceError
 from attntrace.read.nsys import is_sqlite_file
+from attntrace.report.flagged import Span, resolve
 
 PROCESS_NAME = "attntrace"
 CATEGORY = "attntrace"
