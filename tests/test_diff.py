@@ -152,3 +152,15 @@ def test_findings_of_a_rule_the_new_trace_cannot_be_judged_by_are_not_fixed():
     assert all("no GPU events" in f["reason"] for f in c["findings"]["not_judged"])
     text = CliRunner().invoke(main, ["diff", base, new]).output
     assert "fixed:" not in text and "not judged in the new trace (no GPU events" in text
+
+
+def test_two_folders_end_with_one_verdict_over_every_pair():
+    # Ten pairs of one run captured twice: the reader had ten verdicts to add up, and no line that said them all.
+    base, new = str(SAMPLES / "bf16_causal_fwd"), str(SAMPLES / "bf16_causal_fwd_v2")
+    text = CliRunner().invoke(main, ["diff", base, new]).stdout
+    last = text.rstrip("\n").splitlines()[-1]
+    assert last.startswith("overall: 10 pair(s): ")
+    counted = [int(part.split()[0]) for part in last.split(": ", 2)[2].split(", ")]
+    assert sum(counted) == 10
+    single = CliRunner().invoke(main, ["diff", f"{base}/naive.pt.trace.json.gz", f"{new}/naive.pt.trace.json.gz"])
+    assert "overall:" not in single.stdout  # one pair: its own verdict is the verdict

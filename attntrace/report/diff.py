@@ -344,4 +344,26 @@ def render(result: dict[str, Any]) -> str:
         out.append("")
     out += [f"only in {'base' if u['base'] else 'new'}: {u['base'] or u['new']}"
             + ("  (unreadable)" if u["error"] else "") for u in result["unmatched"]]
+    if len(result["comparisons"]) + len(result["unmatched"]) > 1:
+        out.append(overall_line(result))
     return "\n".join(out) + "\n"
+
+
+def overall_line(result: dict[str, Any]) -> str:
+    """One verdict over every pair of two folders: a reader of 40 comparisons should not have to add them up."""
+    counts = {"regression(s)": 0, "slower": 0, "faster": 0, "within noise": 0, "not compared": 0, "unreadable": 0}
+    for c in result["comparisons"]:
+        step = c.get("step") or {}
+        if c["errors"]:
+            counts["unreadable"] += 1
+        elif c["regression"]:
+            counts["regression(s)"] += 1
+        elif step.get("not_compared"):
+            counts["not compared"] += 1
+        elif c["outside_noise"]:
+            counts["slower" if (step.get("change_pct") or 0.0) > 0 else "faster"] += 1
+        else:
+            counts["within noise"] += 1
+    said = ", ".join(f"{n} {label}" for label, n in counts.items() if n)
+    one_side = f"; {len(result['unmatched'])} on one side only" if result["unmatched"] else ""
+    return f"overall: {len(result['comparisons'])} pair(s): {said or 'none'}{one_side}"
