@@ -150,7 +150,8 @@ def _one_line(self: click.ClickException, file: Any = None) -> None:
 
         self.possibilities = [p for p in self.possibilities if SequenceMatcher(
             None, self.option_name.lstrip("-"), p.lstrip("-")).ratio() >= SUGGEST_RATIO]
-    click.echo(f"Error: {_shown(self.format_message())}{where}", err=True)
+    # "error:", as every other error line starts: a CI step greps for one prefix.
+    click.echo(f"error: {_shown(self.format_message())}{where}", err=True)
 
 
 class _Group(click.Group):

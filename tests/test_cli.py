@@ -166,7 +166,7 @@ def test_a_size_parameter_takes_units() -> None:
                                   ["diff", NAIVE, NAIVE, "--fail-over", "nan"], ["nosuch"], ["lint"]])
 def test_a_usage_error_is_one_line_and_exit_2(args: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "attntrace", *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("Error: "), done.stderr
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
 
 
 def test_a_quoted_pattern_is_expanded_like_a_urls() -> None:

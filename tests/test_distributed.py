@@ -117,7 +117,7 @@ def test_a_bad_or_unreachable_scheduler_is_one_line(traces: Path) -> None:
     gone = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(traces), "--scheduler",
                            "tcp://127.0.0.1:1"], capture_output=True, text=True, check=False, env=env)
     assert gone.returncode == 2
-    assert gone.stderr.splitlines()[-1].startswith("Error: tcp://127.0.0.1:1: cannot reach the Dask scheduler")
+    assert gone.stderr.splitlines()[-1].startswith("error: tcp://127.0.0.1:1: cannot reach the Dask scheduler")
     assert "Traceback" not in gone.stderr
 
 

@@ -42,3 +42,12 @@ def test_an_unknown_option_gets_only_a_close_suggestion():
     assert bogus.exit_code == 2 and "No such option '--bogus'" in bogus.output and "--jobs" not in bogus.output
     typo = CliRunner().invoke(main, ["lint", "--selct", "AT1", "x"])
     assert "'--select'" in typo.output
+
+
+def test_every_error_line_starts_with_one_prefix(tmp_path):
+    # A missing file in diff (a click error) read "Error:", lint's and summary's "error:": a CI step grepped one.
+    missing = str(tmp_path / "missing.json")
+    for args in (["diff", missing, sample("bf16_causal_fwd/naive")], ["lint", missing], ["summary", missing],
+                 ["lint", "--bogus"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and result.stderr.startswith("error: "), (args, result.stderr)

@@ -315,3 +315,17 @@ def test_small_files_go_to_the_workers_in_batches(tmp_path: Path, monkeypatch: p
     assert results[:20] == names[:20] and results[21:] == names[21:]
     assert isinstance(results[20], loading.InputError) and results[20].path.endswith("rank20_die.json")
     assert results[20].message.startswith("out of memory while analysing")
+
+
+def test_a_device_name_of_megabytes_is_ignored_not_matched_and_printed(tmp_path: Path) -> None:
+    # A 50 MB deviceProperties name took lint 133 s: a regex per peaks.toml entry and one Python call per
+    # character of every printed string. 5 MB took 6 s; now it is a note.
+    doc = _naive_doc()
+    doc["deviceProperties"][0]["name"] = "a" * 5_000_000
+    path = tmp_path / "huge_name.json"
+    path.write_text(json.dumps(doc))
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(path), "--fail-on", "never"],
+                          capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ignored: deviceProperties name (over 1024 characters)" in done.stdout
+    assert "aaaa" not in done.stdout and "AT102" in done.stdout

@@ -185,6 +185,15 @@ def test_a_sqlite_file_of_another_program_gets_one_line(tmp_path: Path) -> None:
     _one_line_error(bad, "not an Nsight Systems export")
 
 
+def test_text_where_nsys_writes_integers_gets_one_line(tmp_path: Path) -> None:
+    # SQLite keeps any value in any column: the reader's frame builder failed as an "internal error".
+    bad = tmp_path / "edited.sqlite"
+    bad.write_bytes((NSYS / "mock.sqlite").read_bytes())
+    with sqlite3.connect(bad) as export:
+        export.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'abc'")
+    _one_line_error(bad, "CUPTI_ACTIVITY_KIND_KERNEL holds a value of the wrong type")
+
+
 def test_an_unknown_schema_version_gets_one_line(tmp_path: Path) -> None:
     bad = Export(kernels=_kernels(TF32_GEMM, 32, steps=1)).write(tmp_path / "future.sqlite")
     with sqlite3.connect(bad) as export:

@@ -11,7 +11,10 @@ from attntrace.model.loading import display_path
 
 def shown(text: str) -> str:
     """A path or message as one printable line: undecodable bytes and control characters escaped."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in display_path(text))
+    text = display_path(text)
+    if text.isprintable():  # nearly every string: checked in C, not one Python call per character
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _strings(value: Any, change: Callable[[str], str]) -> Any:

@@ -133,6 +133,7 @@ def _holding(starts: list[float], ends: list[float], counts: list[int]) -> list[
 
 
 FLAGS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
+MAX_DEVICE_NAME = 1024
 VERSIONS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
 
 
@@ -145,6 +146,12 @@ def header(doc: Any) -> tuple[list[dict[str, Any]], dict[str, bool], dict[str, i
     devices: list[dict[str, Any]] = []
     if isinstance(doc.deviceProperties, list):
         devices = [d for d in doc.deviceProperties if isinstance(d, dict)]
+        # A device's name is matched against every peaks.toml entry and printed in every format: a name of
+        # megabytes (a hostile trace's) took lint minutes. Real names are tens of characters.
+        if any(len(d.get("name") or "") > MAX_DEVICE_NAME for d in devices if isinstance(d.get("name"), str)):
+            odd.append(f"deviceProperties name (over {MAX_DEVICE_NAME} characters)")
+            devices = [{k: v for k, v in d.items() if k != "name"}
+                       if isinstance(d.get("name"), str) and len(d["name"]) > MAX_DEVICE_NAME else d for d in devices]
     elif doc.deviceProperties is not None:
         odd.append("deviceProperties")
     flags = {}

@@ -173,7 +173,14 @@ def _frame(connection: sqlite3.Connection, query: str, schema: dict[str, Any]) -
     cursor = connection.execute(query)
     parts = []
     while rows := cursor.fetchmany(BATCH_ROWS):
-        parts.append(pl.DataFrame(rows, schema=schema, orient="row"))
+        try:
+            parts.append(pl.DataFrame(rows, schema=schema, orient="row"))
+        except (pl.exceptions.PolarsError, TypeError, OverflowError) as exc:
+            # SQLite keeps any value in any column: a hand-edited or damaged export's text where Nsight writes
+            # integers. Polars' own message (a builder's schema advice) would read as this program's bug.
+            table = query.split(" FROM ", 1)[1].split()[0] if " FROM " in query else "a table"
+            raise TraceError("bad-trace", f"{table} holds a value of the wrong type for an Nsight Systems export "
+                             f"({str(exc).splitlines()[0].split(';')[0][:120]})") from None
         del rows
     if not parts:
         return pl.DataFrame(schema=schema)
