@@ -51,3 +51,13 @@ def test_every_error_line_starts_with_one_prefix(tmp_path):
                  ["lint", "--bogus"]):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and result.stderr.startswith("error: "), (args, result.stderr)
+
+
+def test_summary_folds_its_sentences_and_keeps_each_critical_path_part_whole():
+    # Summary lines ran to 371 columns; folded at spaces, "gpu: copy 0.053 (8%)" came out as "gpu:" / "copy ...".
+    out = CliRunner().invoke(main, ["summary", sample("bf16_causal_fwd/naive")], env={"COLUMNS": "60"}).stdout
+    prose = out.split("\n  step ")[0].splitlines()[1:]  # the lines above the per-step table
+    assert len(prose) > 8 and all(len(line) <= 100 for line in prose)
+    assert not any(line.rstrip().endswith("gpu:") for line in prose)
+    path = " ".join(" ".join(line.split()) for line in prose if "critical path" in line or line.startswith("    gpu"))
+    assert "gpu: elementwise 0.969 (42%)" in path and "gpu: reduction 0.740 (32%)" in path
