@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from attntrace.checks.config import Settings
+from attntrace.formats import FORMATS
 
 SEVERITIES = ("error", "warning", "info")
-FORMATS = ("text", "json", "sarif", "github", "markdown", "html", "parquet")
 PathLike = str | os.PathLike[str]
 
 

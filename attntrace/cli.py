@@ -20,7 +20,7 @@ import click
 import orjson
 
 from attntrace import __version__
-from attntrace.api import FORMATS
+from attntrace.formats import FORMATS
 from attntrace.formats.printable import escaped as _escaped
 from attntrace.formats.printable import printable as _printable
 from attntrace.formats.printable import shown as _shown
@@ -580,8 +580,6 @@ def _scheduler(value: str | None) -> str | None:
 
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
 
 
 @main.command(short_help="Lint traces: the causes that make attention slow.")

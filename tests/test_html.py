@@ -129,6 +129,8 @@ def test_run_page_charts_one_bar_per_variant(tmp_path: Path):
         assert dom.figures[chart]["bar_traces"] == [len(ok)], chart
     assert page.count('"rangemode":"tozero"') == 2
     assert len([f for f in dom.figures if f.startswith("timeline-")]) == len(ok)
+    # Each trace is headed by its file name: the output folder's path (a temporary one here) said nothing.
+    assert "<h2>naive.pt.trace.json.gz</h2>" in page and f"<h2>{tmp_path}" not in page
 
 
 @needs_browser
@@ -152,6 +154,8 @@ def test_lint_format_html_is_one_offline_file(tmp_path: Path):
     assert page.startswith("<!DOCTYPE html>") and "Plotly" in page and "<script src=" not in page
     assert "AT102" in page and "scaled_dot_product_attention" in page  # a cause and its fix
     assert "also removes (counted in it):<ul><li><b>AT101 hidden-copy" in page  # its consequence, inside it
+    # The attention line says what AT102 found, as the terminal does ("none found" beside it contradicted it).
+    assert "<td>attention</td><td>unfused (AT102)</td>" in page
 
 
 def test_a_rule_has_one_colour_on_every_trace_and_none_is_a_kernel_classs():

@@ -8,7 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from attntrace.formats.text import width
+from attntrace.formats.text import attention_text, width
 
 
 def _ms(us: float | None) -> str:
@@ -20,7 +20,7 @@ def summary_table(s: dict[str, Any]) -> str:
     rank = f"   rank: {s['rank']}" if s.get("rank") is not None else ""
     prose = [
         f"  device: {_devices(s)}{rank}   steps: {_steps(s)}   "
-        f"attention: {', '.join(s['attention_backends']) or 'no SDPA op or fused kernel'}",
+        f"attention: {attention_text(s, [])}",
         f"  whole trace: GPU busy {_ms(s['gpu_busy_us'])} ms   kernels {s['kernels']}   memcpy {s['memcpy']}   "
         f"memset {s['memset']}   launches {s['launches']} ({_ms(s['launch_cpu_us'])} ms CPU)   "
         f"tensor-core share of GEMM time: {'-' if share is None else f'{100 * share:.0f}%'}",

@@ -148,10 +148,11 @@ def header(doc: Any) -> tuple[list[dict[str, Any]], dict[str, bool], dict[str, i
         devices = [d for d in doc.deviceProperties if isinstance(d, dict)]
         # A device's name is matched against every peaks.toml entry and printed in every format: a name of
         # megabytes (a hostile trace's) took lint minutes. Real names are tens of characters.
-        if any(len(d.get("name") or "") > MAX_DEVICE_NAME for d in devices if isinstance(d.get("name"), str)):
+        too_long = [isinstance(d.get("name"), str) and len(d["name"]) > MAX_DEVICE_NAME for d in devices]
+        if any(too_long):
             odd.append(f"deviceProperties name (over {MAX_DEVICE_NAME} characters)")
-            devices = [{k: v for k, v in d.items() if k != "name"}
-                       if isinstance(d.get("name"), str) and len(d["name"]) > MAX_DEVICE_NAME else d for d in devices]
+            devices = [{k: v for k, v in d.items() if k != "name"} if long else d
+                       for d, long in zip(devices, too_long, strict=True)]
     elif doc.deviceProperties is not None:
         odd.append("deviceProperties")
     flags = {}
