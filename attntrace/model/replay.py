@@ -29,7 +29,7 @@ from typing import Any
 import polars as pl
 
 from attntrace.model import optree
-from attntrace.model.critical_path import COPIES, Placement, cpu_timeline, walk
+from attntrace.model.critical_path import COPIES, CpuTimeline, Placement, cpu_timeline, walk
 from attntrace.model.intervals import busy_us
 from attntrace.model.tables import GRAPH_LAUNCH_APIS
 
@@ -265,6 +265,13 @@ class _CpuClock:
         self.saved_times: list[float] = []
         self.saved_after: list[float] = []
 
+    def fresh(self) -> _CpuClock:
+        """This clock with no waiting removed yet: one replay's, sharing the profiler's costs."""
+        clock = _CpuClock.__new__(_CpuClock)
+        clock.starts, clock.cumulative = self.starts, self.cumulative
+        clock.saved, clock.saved_times, clock.saved_after = 0.0, [], []
+        return clock
+
     def returned(self, end: float) -> None:
         """A blocking call returned at recorded `end` with `saved` now removed before what follows it."""
         self.saved_times.append(end)
@@ -337,7 +344,8 @@ def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts], change: Chang
         if not mine.height or not re.fullmatch(r"-?[0-9]{1,40}", pid):
             continue
         frame, per_step, idle, device_paths = _replay_device(trace, device, int(pid), mine.sort("ts", "step"),
-                                                             settings, costs_by_device[device], change, with_path)
+                                                             settings, costs_by_device[device], change, with_path,
+                                                             keep=only_steps is not None)
         paths.extend(device_paths)
         frames.append(frame)
         by_device[device] = per_step
@@ -348,9 +356,42 @@ def _replay(trace: Any, costs_by_device: dict[int, ProfilerCosts], change: Chang
                   paths=paths)
 
 
-def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
-                   costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False
-                   ) -> tuple[pl.DataFrame, dict[str, float], dict[int, float], list[dict[str, Any]]]:
+@dataclass
+class _Prepared:
+    """What a device's replay of some steps needs before its loop, the same whatever the change: the window's
+    events, the profiler's costs, and the CPU's timeline in recorded order. The what-ifs of one trace replay the
+    same sampled steps, and this part was most of each one's cost (0.15 of 0.22 s on a 185 MB generate() trace)."""
+    ops: pl.DataFrame
+    launches: pl.DataFrame
+    python: pl.DataFrame
+    gpu: pl.DataFrame
+    profiler_costs: pl.DataFrame  # start, cost
+    clock: _CpuClock
+    latency: float
+    pageable: set[int]
+    # Each entry: (time, kind, tie-break, payload); kind 1 is a blocking call, payload (idx, ts, end); kind 0 a
+    # launch's work; kind 2 work with no launch in the window; payload of 0 and 2: [(idx, ts, end, stream)].
+    cpu_events: list[tuple[float, int, float, Any]]
+    blocking_ends: list[float]
+    blocking_calls: set[int]
+    single_work: set[int]
+    overhead: dict[float, float]  # the profiler's cost before each moment the loop asks about
+    recorded: _Recorded | None = None  # the recorded work per step, once a replay with no faster work asked
+    timeline: CpuTimeline | None = None  # the CPU's recorded timeline (critical_path.cpu_timeline), once a path asked
+
+
+def _prepare(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
+             costs: ProfilerCosts) -> _Prepared:
+    """A device's replay before its loop (_Prepared), kept on the trace for replays of the same steps and costs."""
+    key = (device, pid, tuple(steps["step"].to_list()), tuple(getattr(costs, n) for n in COST_NAMES))
+    cache: dict[Any, _Prepared] = trace.__dict__.setdefault("_replay_prepared", {})
+    if key not in cache:
+        cache[key] = _prepared(trace, device, pid, steps, settings, costs)
+    return cache[key]
+
+
+def _prepared(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
+              costs: ProfilerCosts) -> _Prepared:
     begin, finish = float(steps["ts"].min()), float(steps["end"].max())
     # pid columns are text in traces where some pid is ("Spans", ""): compare as text, which fits both.
     inside = (pl.col("pid").cast(pl.String) == str(pid)) & (pl.col("ts") >= begin) & (pl.col("ts") < finish)
@@ -364,7 +405,7 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     last_step = int(steps["step"].max())
     gpu = (trace.gpu_linked.filter((pl.col("device") == device) & (pl.col("end") > begin)
                                    & (pl.col("step").is_null() | (pl.col("step") <= last_step)))
-           .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind", "name", "bytes", "group"))
+           .sort("ts", "idx").select("idx", "ts", "end", "stream", "launch", "kind", "name", "bytes", "group", "step"))
     launch_rows = dict(zip(launches["idx"].to_list(),
                            zip(launches["ts"].to_list(), launches["end"].to_list(), launches["name"].to_list(),
                                strict=True), strict=True))
@@ -402,20 +443,15 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
         pageable |= set(linked.filter(pl.col("op").is_in(list(copy_ops)))["idx"].to_list())
 
     # Timeline of what happens on the CPU, in recorded order: launches (which place GPU work) and blocking
-    # calls (which wait for it). Each entry: (time, kind, tie-break, payload); kind 1 is a blocking call, 0 a
-    # launch's work, 2 work with no launch in the window; at one time and kind, work that started first goes first.
+    # calls (which wait for it); at one time and kind, work that started first goes first.
     cpu_events: list[tuple[float, int, float, Any]] = []
     blocking_ends: list[float] = []
     blocking_calls: set[int] = set()
     for idx, (ts, end, name) in launch_rows.items():
         if _is_blocking(name, end - ts, copy_end.get(idx), end):
-            cpu_events.append((end, 1, 0.0, (idx, ts, end, change.drops(idx, idx in pageable))))
+            cpu_events.append((end, 1, 0.0, (idx, ts, end)))
             blocking_ends.append(end)
             blocking_calls.add(idx)
-    if change.graph or change.cpu_removed:
-        # The CPU time the fix takes away, beside the profiler's: charged the same way, as a cost before a moment.
-        clock = _CpuClock(pl.concat([profiler_costs, _removed_cpu(change, clock, launches, steps, blocking_ends)]))
-    durations = _changed_durations(change, gpu, pageable)
     work_by_launch: dict[int, list[tuple[int, float, float, int]]] = {}
     unlaunched: list[tuple[int, float, float, int]] = []
     for launch, *item in zip(gpu["launch"].to_list(), gpu["idx"].to_list(), gpu["ts"].to_list(),
@@ -433,10 +469,31 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     for item in unlaunched:
         cpu_events.append((begin - 1.0 if item[1] < first_launched else item[1], 2, item[1], [item]))
     cpu_events.sort(key=itemgetter(0, 1, 2))
-    # The profiler's cost before each moment the loop asks about (a launch, a sync's call and return), found in
-    # one search: the loop below runs once per GPU event and is the replay's cost on a large trace.
+    return _Prepared(ops, launches, python, gpu, profiler_costs, clock, latency, pageable, cpu_events,
+                     blocking_ends, blocking_calls, single_work, _overheads(cpu_events, clock))
+
+
+def _overheads(cpu_events: list[tuple[float, int, float, Any]], clock: _CpuClock) -> dict[float, float]:
+    """The profiler's cost before each moment the replay's loop asks about (a launch, a sync's call and return),
+    found in one search: the loop runs once per GPU event and is the replay's cost on a large trace."""
     asked = [t for t, kind, _, payload in cpu_events for t in ((payload[1], payload[2]) if kind == 1 else (t,))]
-    overhead = dict(zip(asked, clock.overheads_before(asked), strict=True))
+    return dict(zip(asked, clock.overheads_before(asked), strict=True))
+
+
+def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: dict[str, Any],
+                   costs: ProfilerCosts, change: Change = NO_CHANGE, with_path: bool = False, keep: bool = False
+                   ) -> tuple[pl.DataFrame, dict[str, float], dict[int, float], list[dict[str, Any]]]:
+    """keep: keep the preparation on the trace for more replays of these steps (the what-ifs' sample)."""
+    prep = (_prepare if keep else _prepared)(trace, device, pid, steps, settings, costs)
+    ops, launches, python, gpu = prep.ops, prep.launches, prep.python, prep.gpu
+    latency, pageable, single_work, overhead = prep.latency, prep.pageable, prep.single_work, prep.overhead
+    clock = prep.clock.fresh()
+    if change.graph or change.cpu_removed:
+        # The CPU time the fix takes away, beside the profiler's: charged the same way, as a cost before a moment.
+        clock = _CpuClock(pl.concat([prep.profiler_costs,
+                                     _removed_cpu(change, clock, launches, steps, prep.blocking_ends)]))
+        overhead = _overheads(prep.cpu_events, clock)
+    durations = _changed_durations(change, gpu, pageable)
 
     stream_end: dict[int, tuple[float, float]] = {}  # stream -> (recorded end, replayed end) of its last work
     ends_recorded: list[float] = []  # recorded ends of placed work, sorted, with replayed ends alongside
@@ -453,9 +510,10 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     placement = (Placement(new_start, new_end, {}, latency, {}, _path_groups(gpu)) if with_path
                  else None)
     ended_by: dict[float, int] = {}  # replayed end -> the work that ends there
-    for t, kind, _, payload in cpu_events:
+    for t, kind, _, payload in prep.cpu_events:
         if kind == 1:
-            sync, ts, end, dropped = payload
+            sync, ts, end = payload
+            dropped = change.drops(sync, sync in pageable)
             # The sync returned at `end`: what it waited for had ended by then. In the replay it returns when
             # that work ends there, or at once.
             if dropped:  # the fix: the call no longer waits (a sync removed, a copy made pinned and asynchronous)
@@ -535,11 +593,8 @@ def _replay_device(trace: Any, device: int, pid: int, steps: pl.DataFrame, setti
     per_step_events = {"cpu_ops": ops.height / count, "runtime_calls": launches.height / count,
                        "python_functions": python.height / count}
     bounds: list[tuple[int, float, float, float]] | None = [] if placement is not None else None
-    table = _per_step(trace, device, steps, clock, new_start, new_end, durations, bounds)
-    if placement is not None and bounds is not None:
-        paths = _paths(trace, device, pid, placement, bounds, launches, ops, begin, finish, blocking_calls)
-    else:
-        paths = []
+    table = _per_step(trace, device, steps, clock, new_start, new_end, durations, prep, bounds)
+    paths = _paths(trace, device, placement, bounds, prep) if placement is not None and bounds is not None else []
     return table, per_step_events, _idle_after_syncs(sync_returns, new_start), paths
 
 
@@ -612,23 +667,23 @@ def _path_groups(gpu: pl.DataFrame) -> dict[int, str]:
     return groups
 
 
-def _paths(trace: Any, device: int, pid: int, placement: Placement, bounds: list[tuple[int, float, float, float]],
-           launches: pl.DataFrame, ops: pl.DataFrame, begin: float, finish: float,
-           blocking: set[int]) -> list[dict[str, Any]]:
+def _paths(trace: Any, device: int, placement: Placement, bounds: list[tuple[int, float, float, float]],
+           prep: _Prepared) -> list[dict[str, Any]]:
     """Each step's critical path (model/critical_path.py) from the replay's placement."""
-    parents, names = trace.op_parent, trace.op_names
-    # Top-level ops: no parent but the step's marker.
-    roots = pl.Series([parents[i] is None or names[parents[i]].startswith("ProfilerStep#")
-                       for i in ops["idx"].to_list()], dtype=pl.Boolean)
-    timeline = cpu_timeline(ops, roots, launches, blocking)
+    if prep.timeline is None:  # the CPU's recorded timeline: the same for every replay of these steps
+        parents, names = trace.op_parent, trace.op_names
+        # Top-level ops: no parent but the step's marker.
+        roots = pl.Series([parents[i] is None or names[parents[i]].startswith("ProfilerStep#")
+                           for i in prep.ops["idx"].to_list()], dtype=pl.Boolean)
+        prep.timeline = cpu_timeline(prep.ops, roots, prep.launches, prep.blocking_calls)
     own: dict[int, set[int]] = {}
-    for idx, step in trace.gpu_linked.filter(pl.col("device") == device).select("idx", "step").iter_rows():
-        if step is not None and idx in placement.start:
+    for idx, step in prep.gpu.select("idx", "step").iter_rows():  # every row of it is placed
+        if step is not None:
             own.setdefault(step, set()).add(idx)
     paths = []
     for step, start, end, cpu_end in bounds:
         segments: list[tuple[float, float, str]] = []
-        spent = walk(placement, timeline, start, end, cpu_end, own.get(step, set()), segments)
+        spent = walk(placement, prep.timeline, start, end, cpu_end, own.get(step, set()), segments)
         paths.append({"step": step, "device": device, "step_us": end - start, "spent": spent,
                       "segments": segments[::-1]})
     return paths
@@ -682,12 +737,20 @@ def _idle_launch_latency(gpu: pl.DataFrame, launches: pl.DataFrame, runtime_cost
     return max(1.0, float(samples[samples.len() // 2]) - runtime_cost)
 
 
-def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, new_start: dict[int, float],
-              new_end: dict[int, float], durations: dict[int, float],
-              bounds: list[tuple[int, float, float, float]] | None = None) -> pl.DataFrame:
-    """Each step's replayed length: from its start to the next step's start, on the CPU or the GPU, whichever
-    comes later (the CPU can run ahead of the GPU; a step ends when both have done its work). `bounds`, when
-    given, receives each step's (step, replayed start, replayed end, the CPU's replayed arrival at the next step)."""
+@dataclass(frozen=True)
+class _Recorded:
+    """A device's GPU work as recorded, per step, that bounds the replayed steps (_per_step)."""
+    busy: dict[int, float]  # step -> the GPU time its placed work took as recorded (streams merged)
+    done: dict[int, float]  # step -> when its last work ended as recorded
+    backlog_us: float  # work queued before the first step: how far past the first step's start it ran
+
+
+def _recorded(trace: Any, device: int, prep: _Prepared, durations: dict[int, float], steps: pl.DataFrame
+              ) -> _Recorded:
+    """The device's recorded GPU work per step (_Recorded), kept on `prep` when no work is sped up: each what-if
+    that only moves syncs and launches holds its steps against the same figures."""
+    if not durations and prep.recorded is not None:
+        return prep.recorded
     recorded_work = trace.gpu_linked.filter(pl.col("device") == device)
     if durations:  # a what-if's faster work: the step's GPU time as recorded shrinks with it
         changed = pl.DataFrame({"idx": list(durations), "changed_us": list(durations.values())},
@@ -695,20 +758,45 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
         recorded_work = (recorded_work.join(changed, on="idx", how="left")
                          .with_columns(pl.coalesce(pl.col("ts") + pl.col("changed_us"), "end").alias("end"))
                          .drop("changed_us"))
-    linked = recorded_work.select("idx", "step")
     # The GPU time each step's work took as recorded (streams merged): the replay keeps kernel durations but can
     # overlap two streams' kernels that ran one after the other (each filled the GPU), and a step is never
-    # shorter than its GPU work took.
-    recorded_busy = {s: b for s, b in busy_us(recorded_work.filter(pl.col("idx").is_in(list(new_start)))
-                                              .select("ts", "end", "step", "device"), ["step"])
-                     .select("step", "busy_us").iter_rows() if s is not None}
+    # shorter than its GPU work took. The placed work is the prepared window's (every row of it is placed).
+    placed = recorded_work.join(prep.gpu.select("idx"), on="idx", how="semi")
+    busy = {s: b for s, b in busy_us(placed.select("ts", "end", "step", "device"), ["step"])
+            .select("step", "busy_us").iter_rows() if s is not None}
+    done = {s: e for s, e in recorded_work.group_by("step").agg(pl.col("end").max()).iter_rows() if s is not None}
+    starts, numbers = steps["ts"].to_list(), steps["step"].to_list()
+    first_recorded = recorded_work.filter(pl.col("step").is_not_null())["ts"].min()
+    backlog = (recorded_work.filter(pl.col("step").is_null() & (pl.col("ts") <= first_recorded))["end"].max()
+               if first_recorded is not None else None)
+    backlog_us = max(0.0, float(backlog) - starts[0]) if backlog is not None else 0.0
+    # Work queued before the profiler started is in no trace: the first step's first kernel then starts long after
+    # its launch with the GPU idle as recorded (one SDPA call began 784 us after its launch, behind the warm-up's
+    # kernels). That wait is the backlog's, not the step's.
+    first_work = recorded_work.filter(pl.col("step") == numbers[0]).sort("ts").head(1)
+    if first_work.height and first_work["launch_ts"][0] is not None:
+        began, launched = float(first_work["ts"][0]), max(float(first_work["launch_ts"][0]), starts[0])
+        if not recorded_work.filter((pl.col("end") > launched) & (pl.col("ts") < began)).height:
+            backlog_us = max(backlog_us, began - launched)
+    found = _Recorded(busy, done, backlog_us)
+    if not durations:
+        prep.recorded = found
+    return found
+
+
+def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, new_start: dict[int, float],
+              new_end: dict[int, float], durations: dict[int, float], prep: _Prepared,
+              bounds: list[tuple[int, float, float, float]] | None = None) -> pl.DataFrame:
+    """Each step's replayed length: from its start to the next step's start, on the CPU or the GPU, whichever
+    comes later (the CPU can run ahead of the GPU; a step ends when both have done its work). `bounds`, when
+    given, receives each step's (step, replayed start, replayed end, the CPU's replayed arrival at the next step)."""
+    recorded = _recorded(trace, device, prep, durations, steps)
+    recorded_busy, recorded_done = recorded.busy, recorded.done
     placed = pl.DataFrame({"idx": list(new_start), "new_ts": list(new_start.values()),
                            "new_end": [new_end[i] for i in new_start]},
                           schema={"idx": pl.UInt32, "new_ts": pl.Float64, "new_end": pl.Float64})
-    work = placed.join(linked, on="idx", how="left")
+    work = placed.join(prep.gpu.select("idx", "step"), on="idx", how="left")
     gpu_done = {s: e for s, e in work.group_by("step").agg(pl.col("new_end").max()).iter_rows() if s is not None}
-    recorded_done = {s: e for s, e in recorded_work.group_by("step").agg(pl.col("end").max()).iter_rows()
-                     if s is not None}
     busy = {s: b for s, b in busy_us(work.rename({"new_ts": "ts", "new_end": "end"})
                                        .with_columns(pl.lit(device).alias("device")), ["step"])
             .select("step", "busy_us").iter_rows() if s is not None}
@@ -725,18 +813,7 @@ def _per_step(trace: Any, device: int, steps: pl.DataFrame, clock: _CpuClock, ne
     backlog_us = max(0.0, float(backlog) - cpu_new[0]) if backlog is not None else 0.0
     # The same backlog as recorded: the first step's bound leaves it out too, or a first step behind the warm-up's
     # queue was bounded by the queue (2.0 ms replayed for a 1.2 ms step).
-    first_recorded = recorded_work.filter(pl.col("step").is_not_null())["ts"].min()
-    recorded_backlog = (recorded_work.filter(pl.col("step").is_null() & (pl.col("ts") <= first_recorded))["end"].max()
-                        if first_recorded is not None else None)
-    recorded_backlog_us = max(0.0, float(recorded_backlog) - starts[0]) if recorded_backlog is not None else 0.0
-    # Work queued before the profiler started is in no trace: the first step's first kernel then starts long after
-    # its launch with the GPU idle as recorded (one SDPA call began 784 us after its launch, behind the warm-up's
-    # kernels). That wait is the backlog's, not the step's.
-    first_work = recorded_work.filter(pl.col("step") == numbers[0]).sort("ts").head(1)
-    if first_work.height and first_work["launch_ts"][0] is not None:
-        began, launched = float(first_work["ts"][0]), max(float(first_work["launch_ts"][0]), starts[0])
-        if not recorded_work.filter((pl.col("end") > launched) & (pl.col("ts") < began)).height:
-            recorded_backlog_us = max(recorded_backlog_us, began - launched)
+    recorded_backlog_us = recorded.backlog_us
     # The same chain of step ends on the recorded times: what the replay gives with no cost taken away, and so
     # the most a step can last once the profiler's cost is gone.
     recorded_end = starts[0]
