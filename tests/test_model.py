@@ -232,3 +232,30 @@ def test_busy_time_sums_its_runs_in_time_order() -> None:
     assert busy == pytest.approx(expected, rel=1e-12)
     shuffled = frame.sample(fraction=1.0, shuffle=True, seed=2)
     assert busy_us(shuffled, ["step"])["busy_us"].to_list() == busy  # the same bits whatever the rows' order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_frames_merge_in_python_as_polars_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames of a few rows are merged in Python (polars' window queries cost milliseconds each whatever the
+    rows): the same runs, the same busy floats, null keys first, gaps and touching intervals included."""
+    from random import Random
+
+    from attntrace.model import intervals
+
+    rng = Random(seed)
+    n = rng.randrange(1, 60)
+    starts = [float(rng.randrange(0, 400)) + rng.choice([0.0, 0.5, 0.25]) for _ in range(n)]
+    frame = pl.DataFrame({
+        "step": [rng.choice([None, 1, 2, 3]) for _ in range(n)],
+        "group": [rng.choice([None, "gemm", "copy"]) for _ in range(n)],
+        "device": [rng.choice([0, 1]) for _ in range(n)],
+        "ts": starts, "end": [t + rng.choice([0.0, 1.0, 5.0, 40.0]) for t in starts],
+        "gap": [rng.choice([0.0, 2.0, 10.0]) for _ in range(n)]})
+    cases = [(["step", "device"], None), (["step", "group"], "gap"), (["device"], None), (["step"], "gap")]
+    small = [intervals.merged_runs(frame, keys, gap) for keys, gap in cases]
+    small_busy = [intervals.busy_us(frame, by) for by in (["step"], [], ["group"])]
+    monkeypatch.setattr(intervals, "SMALL_FRAME_ROWS", -1)  # polars for every frame
+    for a, b in zip(small, [intervals.merged_runs(frame, k, g) for k, g in cases], strict=True):
+        assert a.schema == b.schema and a.rows() == b.rows()
+    for a, b in zip(small_busy, [intervals.busy_us(frame, by) for by in (["step"], [], ["group"])], strict=True):
+        assert a.schema == b.schema and a.rows() == b.rows()

@@ -176,31 +176,42 @@ def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
             return
 
 
-def warm_up() -> None:
+def warm_up(threads: int = 1) -> None:
     """Start the server now, so its imports overlap this process's own work (reading the file); harmless when
-    it is running already or cannot start (the pool that needs it then says so)."""
+    it is running already or cannot start (the pool that needs it then says so). threads: the polars threads of
+    each process it forks, unless the user set POLARS_MAX_THREADS (its workers run beside each other and this
+    process, and share the cores: a pool of every core in each made their threads preempt each other, and a
+    small trace's few hundred queries cost a quarter more CPU on 2 cores). polars sizes its pool when imported,
+    in the server, so the first caller's figure stays."""
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
     from multiprocessing import forkserver
 
-    with contextlib.suppress(OSError, ValueError), sigint_ignored(), _spawner_named():
+    server_env = {SPAWNER_ENV: str(os.getpid())}
+    if POLARS_THREADS_ENV not in os.environ:
+        server_env[POLARS_THREADS_ENV] = str(max(1, threads))
+    with contextlib.suppress(OSError, ValueError), sigint_ignored(), _environment(server_env):
         forkserver.ensure_running()
 
 
+POLARS_THREADS_ENV = "POLARS_MAX_THREADS"
+
+
 @contextlib.contextmanager
-def _spawner_named() -> Iterator[None]:
-    """This process's pid in the environment of a fork server started now (and only then: the variable goes
-    after), so that the server ends with it (_die_with_spawner)."""
-    before = os.environ.get(SPAWNER_ENV)
-    os.environ[SPAWNER_ENV] = str(os.getpid())
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """These variables in the environment of a fork server started now (and only then: they go after): this
+    process's pid, so that the server ends with it (_die_with_spawner), and its workers' polars threads."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(SPAWNER_ENV, None)
-        else:
-            os.environ[SPAWNER_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def return_freed_memory() -> None:
