@@ -157,6 +157,72 @@ def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, j
     assert cut.stat().st_size == 0
 
 
+# Small pieces (a large trace's are 2-16 MiB), and the file cut in half once read, before its pieces are decoded.
+_CUT_BEFORE_DECODE = """
+import os
+import attntrace.model as model
+import attntrace.model.tables as tables
+import attntrace.read.decoding as decoding
+decoding.CHUNK_BYTES = 1 << 16
+decoding.MIN_PIECE_BYTES = 1 << 14
+split = tables.split_trace
+def cut_then_split(raw):
+    if raw.path.endswith("cut.json"):
+        os.truncate(raw.path, os.path.getsize(raw.path) // 2)
+    return split(raw)
+tables.split_trace = model.split_trace = cut_then_split
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_file_cut_while_its_pieces_are_decoded_is_that_files_error(tmp_path: Path, jobs: str):
+    """A large trace's pieces are read from its file as they are decoded, not from a copy of all of it held to
+    the end (that copy made the peak 2.2x the file): a file cut meanwhile is that file's one-line error, and the
+    other inputs are reported."""
+    doc = _naive_doc()
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))  # 330 KB: several pieces
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(doc))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CUT_BEFORE_DECODE)
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "--jobs", jobs, "--format", "json",
+                           "--fail-on", "never", str(cut), str(whole)],
+                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().strip().splitlines() == [f"error: {cut}: the file changed while it was read"]
+    traces = json.loads(done.stdout)["traces"]
+    assert [(t["path"], bool(t["error"])) for t in traces] == [(str(cut), True), (str(whole), False)]
+
+
+def test_the_pieces_of_a_file_are_read_from_it_not_held_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from attntrace import model, read
+    from attntrace.read import decoding, workers
+
+    doc = _naive_doc()
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))
+    monkeypatch.setattr(decoding, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(workers, "read_workers", lambda pieces: 1)  # this process decodes every piece
+    spans: list[tuple[int, int]] = []
+    monkeypatch.setattr(decoding, "read_span", lambda p, lo, hi: spans.append((lo, hi)) or read_span(p, lo, hi))
+    from attntrace.read.buffers import read_span
+
+    raw = read.read(str(path))
+    pieces = raw.pieces
+    assert pieces is not None and len(pieces) > 2
+    expected = model.build(raw)
+    assert spans == pieces.spans and pieces.data == b""  # every piece read from the file, the copy let go
+    # The same tables as from the copy in memory.
+    monkeypatch.setattr(decoding, "read_span", read_span)
+    copied = read.read(str(path))
+    assert copied.pieces is not None
+    copied.pieces.source = None
+    again = model.build(copied)
+    assert expected.ops.equals(again.ops) and expected.gpu.equals(again.gpu)
+
+
 _TRACE_TEXT = b'{"traceEvents": []}'
 # What `printf '{"traceEvents":[]}' | zstd -c` writes (zstd is not in Python's standard library before 3.14).
 _ZSTD_FRAME = b'(\xb5/\xfd\x04X\x91\x00\x00{"traceEvents":[]}lk\x9d\xdd'

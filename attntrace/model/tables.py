@@ -24,7 +24,7 @@ import msgspec
 import polars as pl
 
 from attntrace.read import workers
-from attntrace.read.buffers import let_go
+from attntrace.read.buffers import let_go, read_span, reread
 from attntrace.read.decoding import (
     Undecodable,
     bracketed,
@@ -321,6 +321,9 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
         if done is None:  # one process does it all, from the start
             raw.restore(counts)
     if done is None:
+        if not pieces.data and pieces.source:  # read from the file so far: decoded whole, it is read again
+            pieces.data = reread(pieces.source, raw.size)
+            pieces.source = None
         done = _split_all(decode_pieces(raw, pieces))
     pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
     return _assemble(*done)
@@ -338,8 +341,12 @@ IN_FLIGHT_PER_WORKER = 4
 
 def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | None:
     """This process decodes pieces from the first one on while workers take them from the last one back; the
-    tables are stitched in file order. None when a piece does not parse alone (a cut inside an event)."""
+    tables are stitched in file order. None when a piece does not parse alone (a cut inside an event). A file's
+    pieces are read from the file, by this process as by the workers, and its copy in memory goes first (held to
+    the end, it was the peak: 2.2x the file); a caller that falls back reads it again (reread)."""
     done: list[_PieceParts | None] = [None] * len(pieces)
+    if pieces.source:
+        pieces.data = b""
     view = memoryview(pieces.data)
 
     def task(i: int) -> bytearray | tuple[str, int, int]:
@@ -378,10 +385,15 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
                         return None
                 if front > back:
                     break
-                try:
-                    events = decode_span(raw, pieces.data, *pieces.spans[front])
-                except msgspec.DecodeError:
+                piece = read_span(pieces.source, *pieces.spans[front]) if pieces.source else None
+                if pieces.source and piece is None:  # the file changed, or its list holds other things
                     return None
+                try:
+                    events = (decode_piece(raw, piece) if piece is not None
+                              else decode_span(raw, pieces.data, *pieces.spans[front]))
+                except msgspec.DecodeError:  # a cut inside an event
+                    return None
+                del piece
                 done[front] = _piece_parts(events)
                 del events
                 let_go(pieces.data, *pieces.spans[front])
@@ -428,7 +440,7 @@ def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | Non
     raw = RawTrace("", 0, Document(traceEvents=[]))
     gc.disable()  # a worker does this alone: nothing it makes is cyclic
     if isinstance(piece, tuple):
-        piece = _read_span(*piece)
+        piece = read_span(*piece)
         if piece is None:
             return None
     try:
@@ -441,22 +453,6 @@ def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | Non
     return ([_ipc(frame) for frame in frames], _ipc(inputs),
             msgspec.json.encode(open_ended) if open_ended else b"",
             (raw.seen_events, raw.dropped_events, raw.unphased_events, untimed))
-
-
-def _read_span(path: str, lo: int, hi: int) -> bytearray | None:
-    """ "[" + the file's bytes lo..hi + "]", or None when they are not a run of events any more (the file changed)."""
-    piece = bytearray(hi - lo + 2)
-    try:
-        with open(path, "rb", buffering=0) as fh:
-            fh.seek(lo)
-            with memoryview(piece) as view:
-                got = fh.readinto(view[1:-1])
-    except OSError:
-        return None
-    if got != hi - lo or piece[1:2] != b"{" or piece[-2:-1].strip() not in (b"}", b""):
-        return None
-    piece[0], piece[-1] = 0x5B, 0x5D
-    return piece
 
 
 def _ipc(frame: pl.DataFrame) -> bytes:

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -113,6 +114,43 @@ def let_go(data: Buffer, lo: int, hi: int) -> None:
         start = lo - lo % mmap.PAGESIZE
         with contextlib.suppress(OSError, ValueError):
             data.madvise(mmap.MADV_DONTNEED, start, max(0, min(hi, len(data)) - start))
+
+
+_SPACE = re.compile(rb"\s*")
+
+
+def read_span(path: str, lo: int, hi: int) -> bytearray | None:
+    """ "[" + the file's bytes lo..hi + "]", or None when they are not a run of events any more (the file changed):
+    a piece of a large trace, read where it is rather than held in a copy of the whole file."""
+    piece = bytearray(hi - lo + 2)
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(lo)
+            with memoryview(piece) as view:
+                got = fh.readinto(view[1:-1])
+    except OSError:
+        return None
+    # A run of events: "{" first (after the layout's whitespace: the first piece starts after the list's "["),
+    # "}" last; or nothing but whitespace (an empty list).
+    first = _SPACE.match(piece, 1).end()  # type: ignore[union-attr]  # \s* always matches
+    if got != hi - lo or (first < len(piece) - 1 and (piece[first] != 0x7B or piece[-2:-1].strip() not in (b"}", b""))):
+        return None
+    piece[0], piece[-1] = 0x5B, 0x5D
+    return piece
+
+
+def reread(path: str, size: int) -> bytearray:
+    """The whole file again, for a trace decoded from its file piece by piece that must now be decoded whole;
+    TraceError when it no longer has the `size` bytes it had when it was read."""
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            data = _read_regular(fh, size)
+            extra = fh.read(1)
+    except OSError as exc:
+        raise TraceError("unreadable", exc.strerror or str(exc)) from exc
+    if len(data) != size or extra:
+        raise TraceError("unreadable", "the file changed while it was read")
+    return data
 
 
 def _read_regular(fh: Any, size: int) -> bytearray:

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from attntrace.read import salvage, workers
-from attntrace.read.buffers import let_go
+from attntrace.read.buffers import let_go, read_span, reread
 from attntrace.read.encodings import (
     NON_SPACE,
     RAW_SURROGATE,
@@ -297,16 +297,19 @@ def _holds_at(data: Buffer, part: memoryview, at: int) -> bool:
 
 def decode_pieces(raw: RawTrace, pieces: Pieces) -> Iterator[list[TraceEvent]]:
     """The events of each piece in turn; a piece that does not parse (cut inside an event) is joined to the
-    next."""
+    next. A file's pieces are read from the file one at a time (Pieces.source), and the copy of the whole file
+    goes first: held until the last piece was decoded, it was the peak of a large trace's analysis."""
     raw.chunks = raw.pieces = None  # read once: the file's buffer goes with the last piece, not with the trace
-    data, spans = pieces.data, pieces.spans
+    if pieces.source:
+        pieces.data = b""
+    spans = pieces.spans
     i = 0
     while i < len(spans):
         lo, hi = spans[i]
         j = i
         while True:
             try:
-                events = decode_span(raw, data, lo, hi)
+                events = piece_events(raw, pieces, lo, hi)
                 break
             except msgspec.DecodeError:
                 # A cut inside an event: join the next piece (the cuts around it were checked).
@@ -316,8 +319,20 @@ def decode_pieces(raw: RawTrace, pieces: Pieces) -> Iterator[list[TraceEvent]]:
                 hi = spans[j][1]
         yield events
         del events
-        let_go(data, spans[i][0], hi)
+        let_go(pieces.data, spans[i][0], hi)
         i = j + 1
+
+
+def piece_events(raw: RawTrace, pieces: Pieces, lo: int, hi: int) -> list[TraceEvent]:
+    """The events of the pieces' bytes lo..hi: from the buffer when it is held, else read from the file. Where
+    the file holds no run of events there (it changed, or its list holds other things than events), the whole
+    file is read again (TraceError when it changed: it is no longer as long) and decoded from memory on."""
+    if not pieces.data:
+        piece = read_span(pieces.source or "", lo, hi)
+        if piece is not None:
+            return decode_piece(raw, piece)
+        pieces.data, pieces.source = reread(pieces.source or "", raw.size), None
+    return decode_span(raw, pieces.data, lo, hi)
 
 
 class Undecodable(Exception):
@@ -332,7 +347,8 @@ class Undecodable(Exception):
 def redecode(raw: RawTrace, pieces: Pieces) -> RawTrace:
     """The trace decoded again from its bytes as one document, keeping the notes made before it was cut. (Its
     tail parsed, so it is not cut off: nothing to salvage.)"""
-    again = decode(raw.path, pieces.data, whole=True)
+    data = pieces.data or reread(pieces.source or "", raw.size)  # its pieces were read from the file
+    again = decode(raw.path, data, whole=True)
     # The first attempt's counts are made again by this one: only its other notes carry over.
     again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith((DROPPED_NOTE, UNPHASED_NOTE))]
     again.incomplete = again.incomplete or raw.incomplete
