@@ -216,10 +216,6 @@ def _chunked(path: str, data: Buffer) -> RawTrace | None:
     key = _EVENTS_KEY.search(data)
     if key is None:
         return None
-    if data.find(b'"traceEvents"', key.end()) >= 0:
-        # A second traceEvents key (or the name inside a string): one whole decode, where the last key wins as
-        # it does for a small document, so that the answer does not depend on the size.
-        return None
     begin = key.end() - 1  # the "[" of the first traceEvents key
     starts, stops = _cuts(data, begin, len(data))
     try:
@@ -237,6 +233,12 @@ def _chunked(path: str, data: Buffer) -> RawTrace | None:
             starts.pop()
             stops.pop()
             continue
+        if data.find(b'"traceEvents"', starts[-1]) >= 0:
+            # A second traceEvents key (or the name inside a string): one whole decode, where the last key wins
+            # as it does for a small document, so that the answer does not depend on the size. The piece before
+            # the last cut is events, so the list goes on past it: a second key of the document is after it.
+            # (Searched there only: the whole file took 0.1 s of a 185 MB trace's read.)
+            return None
         # Each field is before the list or after it: the tail's where it has one (a repeated key's last value).
         meta = {name: getattr(head, name) if getattr(tail, name) in (None, []) else getattr(tail, name)
                 for name in Metadata.__struct_fields__}
