@@ -42,12 +42,19 @@ class Cost:
     ended: str  # "rc N", or that it ran out of time
 
 
+def as_installed(env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment in which Python keeps its compiled bytecode, as an installed package has it: with
+    PYTHONDONTWRITEBYTECODE set (as on some CI and sandbox images) every run compiled attntrace's modules again,
+    0.15-0.2 s of each process that a user's never pays."""
+    return {k: v for k, v in (env if env is not None else os.environ).items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def whole_tree_cost(argv: list[str], timeout: float = 600.0, cwd: Path | None = None,
                     env: dict[str, str] | None = None) -> Cost:
     if not sys.platform.startswith("linux"):
         raise SystemExit("needs Linux (a child subreaper)")
     process = subprocess.Popen([sys.executable, "-c", SUBREAPER, *argv], stderr=subprocess.PIPE, text=True,
-                               cwd=cwd, env=env, start_new_session=True)
+                               cwd=cwd, env=as_installed(env), start_new_session=True)
     try:
         _, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
