@@ -395,3 +395,24 @@ def test_a_device_name_of_megabytes_is_ignored_not_matched_and_printed(tmp_path:
     assert done.returncode == 0, done.stderr
     assert "ignored: deviceProperties name (over 1024 characters)" in done.stdout
     assert "aaaa" not in done.stdout and "AT102" in done.stdout
+
+
+def test_the_workers_share_the_cores_as_polars_threads(tmp_path: Path):
+    """Each worker of a --jobs pool runs as many polars threads as its share of the cores: a pool of every core in
+    each worker made their threads preempt each other (a small trace's few hundred queries, each handed to the
+    pool). Run in a process of its own: the fork server sizes polars' pool once, when it starts."""
+    for name in "abcd":
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "threads_of.py").write_text("import polars\n\n\ndef threads_of(path):\n"
+                                            "    return polars.thread_pool_size()\n")
+    script = ("import os\nfrom threads_of import threads_of\nfrom attntrace.model.loading import map_inputs\n"
+              "from attntrace.read.workers import usable_cores\n"
+              "if __name__ == '__main__':\n"
+              "    inputs = ['a.json', 'b.json', 'c.json', 'd.json']\n"
+              "    print(usable_cores(), sorted(set(map_inputs(inputs, threads_of, jobs=2))))\n")
+    env = {k: v for k, v in _env().items() if k != "POLARS_MAX_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    cores, threads = done.stdout.split(maxsplit=1)
+    assert threads.strip() == str([max(1, int(cores) // 2)])
