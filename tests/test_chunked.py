@@ -201,7 +201,7 @@ def test_workers_read_their_piece_from_the_file_only_when_it_holds_the_bytes(tmp
     cut_into_pieces_of(monkeypatch, 256 << 10)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
     alone = _tables_of(str(plain))
-    assert read.read(str(plain)).pieces.source == str(plain)
+    assert read.read(str(plain)).pieces.source.path == str(plain)
     assert read.read(str(packed)).pieces.source is None  # gunzipped: the file does not hold these bytes
     monkeypatch.setenv(workers.WORKERS_ENV, "3")
     for path in (plain, packed):

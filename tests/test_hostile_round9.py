@@ -416,3 +416,29 @@ def test_the_workers_share_the_cores_as_polars_threads(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     cores, threads = done.stdout.split(maxsplit=1)
     assert threads.strip() == str([max(1, int(cores) // 2)])
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_file_renamed_over_while_its_pieces_are_decoded_is_that_files_error(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              processes: int):
+    """Pieces are read from the file as it was read (its device, inode, size and mtime): another file of the same
+    size renamed over it meanwhile (a trace being rewritten by a capture's atomic save) gave a report of both
+    files' events mixed, with no word said."""
+    from attntrace import model, read
+    from attntrace.read import TraceError, decoding, workers
+
+    doc = _naive_doc()
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))
+    other = tmp_path / "other.json"
+    other.write_text(path.read_text().replace('"ph": "X"', '"ph": "x"'))  # as long, other events
+    assert other.stat().st_size == path.stat().st_size
+    monkeypatch.setattr(decoding, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(decoding, "MIN_PIECE_BYTES", 1 << 14)
+    monkeypatch.setattr(workers, "read_workers", lambda pieces: processes)
+    raw = read.read(str(path))
+    assert raw.pieces is not None and raw.pieces.source is not None
+    os.replace(other, path)
+    with pytest.raises(TraceError, match="the file changed while it was read"):
+        model.build(raw)

@@ -37,7 +37,7 @@ from attntrace.read.decoding import (
 )
 from attntrace.read.errors import TraceError
 from attntrace.read.events import Args, Begin, Complete, Document, End, Event, TraceEvent
-from attntrace.read.raw import Pieces, RawTrace
+from attntrace.read.raw import FileIdentity, Pieces, RawTrace
 
 # Categories by kind, current and older spellings and other vendors (TRACE_FORMAT.md).
 CPU_OP_CATS = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "user_annotation"}
@@ -322,7 +322,7 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
             raw.restore(counts)
     if done is None:
         if not pieces.data and pieces.source:  # read from the file so far: decoded whole, it is read again
-            pieces.data = reread(pieces.source, raw.size)
+            pieces.data = reread(pieces.source)
             pieces.source = None
         done = _split_all(decode_pieces(raw, pieces))
     pieces.data = b""  # the file's buffer goes before the pieces' tables are joined
@@ -349,7 +349,7 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         pieces.data = b""
     view = memoryview(pieces.data)
 
-    def task(i: int) -> bytearray | tuple[str, int, int]:
+    def task(i: int) -> bytearray | tuple[FileIdentity, int, int]:
         """What a worker needs for piece i: where it is in the file, else a copy of it."""
         lo, hi = pieces.spans[i]
         return (pieces.source, lo, hi) if pieces.source else bracketed(view, lo, hi)
@@ -433,7 +433,7 @@ def _piece_parts(events: list[TraceEvent]) -> _PieceParts:
 _PieceTables = tuple[list[bytes], bytes, bytes, tuple[int, int, int, int]]
 
 
-def _piece_tables(piece: bytearray | tuple[str, int, int]) -> _PieceTables | None:
+def _piece_tables(piece: bytearray | tuple[FileIdentity, int, int]) -> _PieceTables | None:
     """In a worker: one piece's tables as Arrow IPC, its open-ended events as JSON and its counts (items,
     malformed ones, ones without a phase: RawTrace.count_piece); None
     when the piece does not parse (a cut inside an event) or the file no longer holds it."""

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from attntrace.read.buffers import check_memory, is_file_of, let_go, load_bytes
+from attntrace.read.buffers import check_memory, file_identity, let_go, load_bytes
 from attntrace.read.decoding import decode, salvaged
 from attntrace.read.errors import TraceError
 from attntrace.read.inputs import discover, input_roots
@@ -33,8 +33,8 @@ def read(path: str, options: ReadOptions | None = None) -> RawTrace:
     check_memory(len(data))
     if not cut:
         raw = decode(path, data, options.salvage)
-        if raw.pieces is not None and raw.pieces.data is data and not raw.rewritten and is_file_of(path, data):
-            raw.pieces.source = path
+        if raw.pieces is not None and raw.pieces.data is data and not raw.rewritten:
+            raw.pieces.source = file_identity(path, data)
         let_go(data, 0, len(data))  # what the checks over the whole file read in: pieces are read again as decoded
         return raw
     try:

@@ -17,7 +17,7 @@ from typing import Any
 from attntrace.read import workers
 from attntrace.read.encodings import gunzip, may_be_a_trace, other_format
 from attntrace.read.errors import TraceError
-from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer
+from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer, FileIdentity
 
 STREAM_CHUNK = 1 << 20
 
@@ -119,12 +119,15 @@ def let_go(data: Buffer, lo: int, hi: int) -> None:
 _SPACE = re.compile(rb"\s*")
 
 
-def read_span(path: str, lo: int, hi: int) -> bytearray | None:
-    """ "[" + the file's bytes lo..hi + "]", or None when they are not a run of events any more (the file changed):
-    a piece of a large trace, read where it is rather than held in a copy of the whole file."""
+def read_span(source: FileIdentity, lo: int, hi: int) -> bytearray | None:
+    """ "[" + the file's bytes lo..hi + "]", or None when the file is not the one read (renamed over, rewritten,
+    cut) or holds no run of events there: a piece of a large trace, read where it is rather than held in a copy
+    of the whole file."""
     piece = bytearray(hi - lo + 2)
     try:
-        with open(path, "rb", buffering=0) as fh:
+        with open(source.path, "rb", buffering=0) as fh:
+            if _identity(source.path, os.fstat(fh.fileno())) != source:
+                return None
             fh.seek(lo)
             with memoryview(piece) as view:
                 got = fh.readinto(view[1:-1])
@@ -139,18 +142,23 @@ def read_span(path: str, lo: int, hi: int) -> bytearray | None:
     return piece
 
 
-def reread(path: str, size: int) -> bytearray:
+def reread(source: FileIdentity) -> bytearray:
     """The whole file again, for a trace decoded from its file piece by piece that must now be decoded whole;
-    TraceError when it no longer has the `size` bytes it had when it was read."""
+    TraceError when it is no longer the file that was read."""
     try:
-        with open(path, "rb", buffering=0) as fh:
-            data = _read_regular(fh, size)
-            extra = fh.read(1)
+        with open(source.path, "rb", buffering=0) as fh:
+            if _identity(source.path, os.fstat(fh.fileno())) != source:
+                raise TraceError("unreadable", "the file changed while it was read")
+            data = _read_regular(fh, source.size)
     except OSError as exc:
         raise TraceError("unreadable", exc.strerror or str(exc)) from exc
-    if len(data) != size or extra:
+    if len(data) != source.size:
         raise TraceError("unreadable", "the file changed while it was read")
     return data
+
+
+def _identity(path: str, info: os.stat_result) -> FileIdentity:
+    return FileIdentity(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _read_regular(fh: Any, size: int) -> bytearray:
@@ -283,14 +291,17 @@ def check_memory(size: int) -> None:
                          "the trace")
 
 
-def is_file_of(path: str, data: Buffer) -> bool:
-    """Whether `data` is the local file's bytes as they are (not gunzipped, not a stream or URL)."""
+def file_identity(path: str, data: Buffer) -> FileIdentity | None:
+    """The local file `data` was read from, when it still holds those bytes as they are (not gunzipped, not a
+    stream or URL, the same length); None otherwise."""
     from attntrace.read import sources
 
     if path == "-" or sources.is_url(path):
-        return False
+        return None
     try:
         info = os.stat(path)
     except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_size == len(data) and data[:2] != b"\x1f\x8b"
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size != len(data) or data[:2] == b"\x1f\x8b":
+        return None
+    return _identity(path, info)

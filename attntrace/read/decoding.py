@@ -329,11 +329,11 @@ def piece_events(raw: RawTrace, pieces: Pieces, lo: int, hi: int) -> list[TraceE
     """The events of the pieces' bytes lo..hi: from the buffer when it is held, else read from the file. Where
     the file holds no run of events there (it changed, or its list holds other things than events), the whole
     file is read again (TraceError when it changed: it is no longer as long) and decoded from memory on."""
-    if not pieces.data:
-        piece = read_span(pieces.source or "", lo, hi)
+    if not pieces.data and pieces.source is not None:
+        piece = read_span(pieces.source, lo, hi)
         if piece is not None:
             return decode_piece(raw, piece)
-        pieces.data, pieces.source = reread(pieces.source or "", raw.size), None
+        pieces.data, pieces.source = reread(pieces.source), None
     return decode_span(raw, pieces.data, lo, hi)
 
 
@@ -349,7 +349,7 @@ class Undecodable(Exception):
 def redecode(raw: RawTrace, pieces: Pieces) -> RawTrace:
     """The trace decoded again from its bytes as one document, keeping the notes made before it was cut. (Its
     tail parsed, so it is not cut off: nothing to salvage.)"""
-    data = pieces.data or reread(pieces.source or "", raw.size)  # its pieces were read from the file
+    data = pieces.data or (reread(pieces.source) if pieces.source else b"")  # its pieces were read from the file
     again = decode(raw.path, data, whole=True)
     # The first attempt's counts are made again by this one: only its other notes carry over.
     again.notes[:0] = [n for n in raw.notes if n not in again.notes and not n.endswith((DROPPED_NOTE, UNPHASED_NOTE))]

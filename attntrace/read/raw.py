@@ -6,7 +6,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from attntrace.read.events import Document, TraceEvent
 
@@ -108,14 +108,24 @@ class ReadOptions:
 CHUNK_BYTES = 16 << 20  # measured on a 218 MiB trace: 16 MiB pieces gave the lowest peak at full speed
 
 
+class FileIdentity(NamedTuple):
+    """A local file as it was when read: a piece read from it later is from the same file, unchanged, only if
+    all of these still hold (a file renamed over it has another inode; one rewritten in place, another mtime)."""
+    path: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
 @dataclass
 class Pieces:
     """A large trace's event list cut where one event ends and the next begins: `spans` are data[lo:hi] ("{" to
-    "}"), in file order. `source` names the file whose bytes `data` is, unchanged, when it is one (a worker
-    process may then read its piece from there instead of being sent it)."""
+    "}"), in file order. `source` is the file whose bytes `data` is, unchanged, when it is one: this process and
+    the workers then read each piece from there, and `data` is let go."""
     data: Buffer
     spans: list[tuple[int, int]]
-    source: str | None = None
+    source: FileIdentity | None = None
 
     def __len__(self) -> int:
         return len(self.spans)
