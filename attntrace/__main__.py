@@ -30,9 +30,23 @@ def _interrupted(signum: int, frame: object) -> None:
         server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         if server:
             os.kill(server, signal.SIGTERM)
+        _remove_pool_directory()
     except BaseException:  # leaving is all that is left to do
         pass
     os._exit(128 + signum)
+
+
+def _remove_pool_directory() -> None:
+    """multiprocessing's own temporary directory (/tmp/pymp-*, the fork server's socket): removed at a normal exit
+    by a finaliser that os._exit skips, so every interrupted run with workers left one behind."""
+    process = sys.modules.get("multiprocessing.process")
+    current = getattr(process, "current_process", None)
+    folder = current()._config.get("tempdir") if current is not None else None
+    if not folder:
+        return
+    for entry in os.scandir(folder):
+        os.unlink(entry.path)
+    os.rmdir(folder)
 
 
 def entry() -> None:

@@ -117,6 +117,21 @@ def test_a_signal_removes_the_temporary_file_of_every_output(tmp_path: Path, sig
     assert sorted(os.listdir(out)) == []
 
 
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_leaves_no_directory_of_the_workers_behind(tmp_path: Path, signame: str):
+    # multiprocessing's directory for the fork server's socket (/tmp/pymp-*) is removed by a finaliser that the
+    # handler's os._exit skipped: every interrupted run with workers left one.
+    pytest.importorskip("polars")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
+                           sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "-o", str(tmp_path / "r.json")],
+                          env={**_env(), "SIGNAL": signame, "TMPDIR": str(temp)}, capture_output=True, timeout=60)
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
+    assert sorted(os.listdir(temp)) == []
+    assert sorted(os.listdir(tmp_path)) == ["tmp"]
+
+
 # Each file named ...cut.json is cut to nothing as soon as its bytes are had, as a trace rewritten while it is read
 # is, in every process (a sitecustomize: the --jobs workers start from a fresh interpreter too). Pieces are 64 KiB,
 # so that the reader of before mapped the file (it mapped files over one piece).
