@@ -132,6 +132,38 @@ def test_a_signal_leaves_no_directory_of_the_workers_behind(tmp_path: Path, sign
     assert sorted(os.listdir(tmp_path)) == ["tmp"]
 
 
+# In every process (the --jobs workers too): a worker about to put an annotated copy in place interrupts the run
+# (Ctrl-C to the process group: the parent answers it and stops its workers), and waits to be stopped.
+_INTERRUPT_BEFORE_REPLACE = """
+import os, signal, time
+real_replace = os.replace
+def replace_after_ctrl_c(src, dst):
+    if str(src).endswith(".tmp") and os.getpgrp() != os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGINT)
+        time.sleep(30)
+    return real_replace(src, dst)
+os.replace = replace_after_ctrl_c
+"""
+
+
+def test_a_worker_stopped_while_it_writes_leaves_no_temporary_file(tmp_path: Path):
+    # The workers write --annotate's copies; stopped by the parent (SIGTERM), they died by the default action and
+    # their .tmp files stayed beside the outputs.
+    pytest.importorskip("polars")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_INTERRUPT_BEFORE_REPLACE)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
+                           sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--annotate", str(out)],
+                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=60,
+                          start_new_session=True)
+    assert done.returncode == 130, done.stderr
+    time.sleep(0.5)  # the workers' handlers run as they are stopped
+    assert [name for name in os.listdir(out) if name.endswith(".tmp")] == []
+
+
 # Each file named ...cut.json is cut to nothing as soon as its bytes are had, as a trace rewritten while it is read
 # is, in every process (a sitecustomize: the --jobs workers start from a fresh interpreter too). Pieces are 64 KiB,
 # so that the reader of before mapped the file (it mapped files over one piece).
@@ -457,3 +489,17 @@ def test_a_file_renamed_over_while_its_pieces_are_decoded_is_that_files_error(tm
     os.replace(other, path)
     with pytest.raises(TraceError, match="the file changed while it was read"):
         model.build(raw)
+
+
+def test_a_file_named_twice_is_analysed_and_reported_once(tmp_path: Path):
+    # `lint a.json a.json ./a.json` reported the trace three times (and a bad file's error line twice).
+    trace = tmp_path / "a.json"
+    trace.write_text(json.dumps(_naive_doc()))
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "a.json", "a.json", "./a.json", "empty.json",
+                           str(empty), ".", "--format", "json", "--fail-on", "never"], env=_env(), cwd=tmp_path,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == ["error: empty.json: file is empty"]
+    assert [t["path"] for t in json.loads(done.stdout)["traces"] if not t["error"]] == ["a.json"]

@@ -45,7 +45,21 @@ def input_roots(paths: list[str]) -> tuple[str, ...]:
 def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
     or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
-    a FIFO or pipe named on the command line is read as a stream."""
+    a FIFO or pipe named on the command line is read as a stream. A file named twice (`a.json ./a.json`, a
+    directory and a file in it) is analysed and reported once, where it came first."""
+    seen: set[str] = set()
+    for item in _discover(paths):
+        path = item[0] if isinstance(item, tuple) else item.path
+        # Only local files: stdin named twice gets its own error, and a URL is another file at every read.
+        key = os.path.abspath(path) if path and path != "-" and "://" not in path else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        yield item
+
+
+def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
     stdin_seen = False
     from attntrace.read import sources  # URLs: a small module; fsspec itself is imported only for a URL
 

@@ -118,9 +118,21 @@ def sigint_ignored() -> Iterator[None]:
 
 def ignore_sigint() -> None:
     """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it. The worker also
-    dies with its parent (die_with_parent)."""
+    dies with its parent (die_with_parent), and leaves on SIGTERM (the parent stopping its pool) without the
+    temporary files of the outputs it was writing (_leave_on_sigterm)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _leave_on_sigterm)
     die_with_parent()
+
+
+def _leave_on_sigterm(signum: int, frame: object) -> None:
+    # A worker writes --annotate's copies: killed by the default action, its .tmp file stayed beside the output.
+    # The output module is looked up, not imported (it is of a later stage, and only loaded where it writes).
+    output = sys.modules.get("attntrace.formats.output")
+    remove = getattr(output, "remove_unfinished", None)
+    if remove is not None:
+        remove()
+    os._exit(128 + signum)
 
 
 def _kill_me_when_parent_dies() -> bool:
