@@ -182,21 +182,28 @@ read.load_bytes = load_then_cut
 """
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, jobs: str):
-    # The file was mapped: cut shorter while read, it ended the process with SIGBUS (rc 135, no message), every
-    # other input of the run lost (with --jobs 2, the worker died, and the file was said to have killed it).
+def _lint_with_hook(tmp_path: Path, hook_code: str, jobs: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """`lint --jobs JOBS cut.json whole.json` with `hook_code` run in every process (a sitecustomize); cut.json
+    is 330 KB, several pieces."""
     doc = _naive_doc()
     cut = tmp_path / "cut.json"
-    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))  # 330 KB: several pieces
+    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))
     whole = tmp_path / "whole.json"
     whole.write_text(json.dumps(doc))
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_CUT_AFTER_LOAD)
+    (hook / "sitecustomize.py").write_text(hook_code)
     done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "--jobs", jobs, "--format", "json",
                            "--fail-on", "never", str(cut), str(whole)],
                           env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=120)
+    return cut, whole, done
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, jobs: str):
+    # The file was mapped: cut shorter while read, it ended the process with SIGBUS (rc 135, no message), every
+    # other input of the run lost (with --jobs 2, the worker died, and the file was said to have killed it).
+    cut, whole, done = _lint_with_hook(tmp_path, _CUT_AFTER_LOAD, jobs)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     # The bytes read are the run's own copy: the file is analysed as it was read, and the other file too.
@@ -226,17 +233,7 @@ def test_a_file_cut_while_its_pieces_are_decoded_is_that_files_error(tmp_path: P
     """A large trace's pieces are read from its file as they are decoded, not from a copy of all of it held to
     the end (that copy made the peak 2.2x the file): a file cut meanwhile is that file's one-line error, and the
     other inputs are reported."""
-    doc = _naive_doc()
-    cut = tmp_path / "cut.json"
-    cut.write_text(json.dumps({**doc, "traceEvents": doc["traceEvents"] * 4}))  # 330 KB: several pieces
-    whole = tmp_path / "whole.json"
-    whole.write_text(json.dumps(doc))
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_CUT_BEFORE_DECODE)
-    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", "--jobs", jobs, "--format", "json",
-                           "--fail-on", "never", str(cut), str(whole)],
-                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=120)
+    cut, whole, done = _lint_with_hook(tmp_path, _CUT_BEFORE_DECODE, jobs)
     assert done.returncode == 2, done.stderr
     assert done.stderr.decode().strip().splitlines() == [f"error: {cut}: the file changed while it was read"]
     traces = json.loads(done.stdout)["traces"]
