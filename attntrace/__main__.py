@@ -5,8 +5,10 @@ SIGTERM (kill, a CI job's timeout) with 143. Either way the worker processes go 
 import os
 import signal
 import sys
+import time
 
 EXIT_INTERRUPTED = 130
+WORKERS_GRACE_S = 2.0  # how long an interrupted run waits for its stopped workers to clean up
 TRACE_COMMANDS = ("lint", "summary", "diff")
 
 
@@ -24,8 +26,14 @@ def _interrupted(signum: int, frame: object) -> None:
         if output is not None:
             output.remove_unfinished()
         processes = sys.modules.get("multiprocessing")
-        for child in getattr(processes, "active_children", list)():
+        children = getattr(processes, "active_children", list)()
+        for child in children:
             child.terminate()
+        # A moment for their own handlers (a worker removes the temporary files it was writing): the server's end
+        # below kills them at once (they die with it).
+        deadline = time.monotonic() + WORKERS_GRACE_S
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
         forkserver = sys.modules.get("multiprocessing.forkserver")
         server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         if server:

@@ -122,14 +122,32 @@ def test_a_signal_leaves_no_directory_of_the_workers_behind(tmp_path: Path, sign
     # multiprocessing's directory for the fork server's socket (/tmp/pymp-*) is removed by a finaliser that the
     # handler's os._exit skipped: every interrupted run with workers left one.
     pytest.importorskip("polars")
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
-                           sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "-o", str(tmp_path / "r.json")],
-                          env={**_env(), "SIGNAL": signame, "TMPDIR": str(temp)}, capture_output=True, timeout=60)
-    assert done.returncode == 128 + getattr(signal, signame), done.stderr
-    assert sorted(os.listdir(temp)) == []
-    assert sorted(os.listdir(tmp_path)) == ["tmp"]
+    import tempfile
+
+    # A short one of its own: the fork server's socket path must fit AF_UNIX's 108 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="at", dir="/tmp"))
+    try:
+        done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
+                               sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "-o", str(tmp_path / "r.json")],
+                              env={**_env(), "SIGNAL": signame, "TMPDIR": str(temp)}, capture_output=True, timeout=60)
+        assert done.returncode == 128 + getattr(signal, signame), done.stderr
+        assert sorted(os.listdir(temp)) == []
+        assert sorted(os.listdir(tmp_path)) == []
+    finally:
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_a_temporary_folder_too_long_for_the_workers_socket_lints_in_this_process(tmp_path: Path):
+    # The fork server's socket lives in TMPDIR, and AF_UNIX paths end at 108 bytes: `--jobs 2` failed with
+    # "error: stdout: AF_UNIX path too long" and exit 2, no trace analysed.
+    pytest.importorskip("polars")
+    temp = tmp_path / ("t" * 60) / ("u" * 60)
+    temp.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
+                           sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--format", "json",
+                           "--fail-on", "never"], env={**_env(), "TMPDIR": str(temp)}, capture_output=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert [t["error"] for t in json.loads(done.stdout)["traces"]] == [None, None]
 
 
 # In every process (the --jobs workers too): a worker about to put an annotated copy in place interrupts the run

@@ -94,7 +94,7 @@ def _pool(processes: int) -> ProcessPoolExecutor:
     # survive a fork, and a spawned worker would import everything again. The memory and cores are shared by
     # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th). The server
     # is started here (when not yet running) so that it dies with this process (workers.warm_up).
-    workers.warm_up(threads=max(1, workers.usable_cores() // processes))
+    workers.warm_up(threads=max(1, workers.usable_cores() // processes), strict=True)
     return ProcessPoolExecutor(max_workers=processes, mp_context=workers.context(), initializer=_init_worker,
                                initargs=(processes,))
 

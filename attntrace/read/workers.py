@@ -188,13 +188,14 @@ def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
             return
 
 
-def warm_up(threads: int = 1) -> None:
+def warm_up(threads: int = 1, strict: bool = False) -> None:
     """Start the server now, so its imports overlap this process's own work (reading the file); harmless when
     it is running already or cannot start (the pool that needs it then says so). threads: the polars threads of
     each process it forks, unless the user set POLARS_MAX_THREADS (its workers run beside each other and this
     process, and share the cores: a pool of every core in each made their threads preempt each other, and a
     small trace's few hundred queries cost a quarter more CPU on 2 cores). polars sizes its pool when imported,
-    in the server, so the first caller's figure stays."""
+    in the server, so the first caller's figure stays. strict: raise OSError when the server cannot start (a
+    TMPDIR too long for its socket's path), for a caller that then works in this process instead."""
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
@@ -203,8 +204,12 @@ def warm_up(threads: int = 1) -> None:
     server_env = {SPAWNER_ENV: str(os.getpid())}
     if POLARS_THREADS_ENV not in os.environ:
         server_env[POLARS_THREADS_ENV] = str(max(1, threads))
-    with contextlib.suppress(OSError, ValueError), sigint_ignored(), _environment(server_env):
-        forkserver.ensure_running()
+    with sigint_ignored(), _environment(server_env):
+        if strict:
+            forkserver.ensure_running()
+            return
+        with contextlib.suppress(OSError, ValueError):
+            forkserver.ensure_running()
 
 
 POLARS_THREADS_ENV = "POLARS_MAX_THREADS"
