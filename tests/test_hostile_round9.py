@@ -518,3 +518,36 @@ def test_a_file_named_twice_is_analysed_and_reported_once(tmp_path: Path):
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == ["error: empty.json: file is empty"]
     assert [t["path"] for t in json.loads(done.stdout)["traces"] if not t["error"]] == ["a.json"]
+
+
+def test_a_tree_too_deep_to_walk_is_one_error_and_the_rest_is_reported(tmp_path: Path):
+    # os.walk and pathlib's ** recurse per level: 1,100 nested folders ended the run with a RecursionError traceback.
+    trace = tmp_path / "good.json"
+    trace.write_text(json.dumps(_naive_doc()))
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1100):  # by folder descriptors: the path itself passes PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    for pattern in (str(deep), f"{deep}/**/*.json"):
+        done = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(trace), pattern, "--format", "json",
+                               "--fail-on", "never"], env=_env(), capture_output=True, timeout=120)
+        assert done.returncode == 2
+        assert done.stderr.decode().splitlines() == [f"error: {pattern}: directories nested too deeply to search"]
+        assert [t["path"] for t in json.loads(done.stdout)["traces"] if not t["error"]] == [str(trace)]
+
+
+def test_a_pattern_names_its_broken_links_as_a_folder_does(tmp_path: Path):
+    # A quoted pattern kept only what os.path.isfile took: dangling and looping links went without a word.
+    (tmp_path / "good.json").write_text(json.dumps(_naive_doc()))
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "missing.json")
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", f"{tmp_path}/*.json", "--format", "json",
+                           "--fail-on", "never"], env=_env(), capture_output=True, timeout=120)
+    assert done.returncode == 2
+    errors = done.stderr.decode().splitlines()
+    assert [line.split(": ")[1] for line in errors] == [str(tmp_path / "dangling.json"), str(tmp_path / "loop.json")]

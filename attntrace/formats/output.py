@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
@@ -25,6 +27,21 @@ def remove_unfinished() -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         _unfinished.discard(tmp)
+
+
+def _created(folder: str, prefix: str) -> tuple[int, str]:
+    """A new temporary file, listed as unfinished before a signal can act: SIGINT and SIGTERM are held back from
+    its creation to its listing (a signal between the two left the .tmp file beside the output)."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    can_hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held) if can_hold else None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
+        _unfinished.add(tmp)
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return fd, tmp
 
 
 @contextlib.contextmanager
@@ -48,8 +65,7 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     # The temporary name holds at most 100 bytes of the target's: a target name near the 255-byte limit is valid,
     # the same name with a prefix and suffix around it is not.
     stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{stem}.", suffix=".tmp")
-    _unfinished.add(tmp)
+    fd, tmp = _created(os.path.dirname(real), f".{stem}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

@@ -9,7 +9,7 @@ import glob
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attntrace.read.errors import TRACE_SUFFIXES, TraceError
@@ -95,8 +95,13 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
         elif exists:
             yield given, False
         elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
-            matches = sorted(_glob(given))
-            files = [m for m in matches if os.path.isfile(m)]
+            try:
+                matches = sorted(_glob(given))
+            except RecursionError:
+                yield TraceError("unsupported", "directories nested too deeply to search", path=given)
+                continue
+            # Files, and links that lead nowhere (dangling, looping): open() names their problem, as in a walk.
+            files = [m for m in matches if os.path.isfile(m) or (os.path.islink(m) and not os.path.exists(m))]
             for folder in (m for m in matches if os.path.isdir(m)):  # a matched directory is searched as one
                 found, problems = _walk_traces(Path(folder))
                 files += found
@@ -132,6 +137,14 @@ def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
                                    path=exc.filename or str(root)))
 
     found: list[str] = []
+    try:
+        _walk(root, found, unreadable)
+    except RecursionError:  # os.walk recurses per level (Python 3.11): a tree 1,000 folders deep ends it
+        problems.append(TraceError("unsupported", "directories nested too deeply to search", path=str(root)))
+    return sorted(found), sorted(problems, key=lambda e: e.path or "")
+
+
+def _walk(root: Path, found: list[str], unreadable: Callable[[OSError], None]) -> None:
     # followlinks=False: a symlink loop cannot trap the walk.
     for folder, dirs, files in os.walk(root, followlinks=False, onerror=unreadable):
         dirs.sort()
@@ -146,4 +159,3 @@ def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
                 continue
             if stat.S_ISREG(mode):
                 found.append(full)
-    return sorted(found), sorted(problems, key=lambda e: e.path or "")
