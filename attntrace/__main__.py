@@ -66,6 +66,9 @@ def entry() -> None:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupted)
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
+        from attntrace.cores import keep_to_one_core
+
+        keep_to_one_core()  # before polars is loaded (the next import loads it)
         from attntrace.read import workers
         from attntrace.read.raw import CHUNK_BYTES  # light: no polars
 

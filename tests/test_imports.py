@@ -81,11 +81,11 @@ def test_the_cycle_finder_finds_one():
 
 
 # The packages in the order data flows through them; a module may import its own package and those before it.
-# install (pip hints) and allocator (polars' memory) use the standard library only, for any layer.
+# install (pip hints), allocator (polars' memory) and cores (its threads) use the standard library only, for any layer.
 LAYERS = ["attntrace.read", "attntrace.model", "attntrace.checks", "attntrace.report", "attntrace.formats",
           "attntrace.capture"]
 FRONT = {"attntrace.api", "attntrace.cli", "attntrace.hook", "attntrace.distributed", "attntrace.__main__"}
-ANY_LAYER = {"attntrace", "attntrace.install", "attntrace.allocator"}
+ANY_LAYER = {"attntrace", "attntrace.install", "attntrace.allocator", "attntrace.cores"}
 
 
 def _layer(module: str) -> int:

@@ -84,19 +84,13 @@ def _call(args: tuple[str, Callable[[str], Any]]) -> Any:
     return guarded(path, work)
 
 
-def _init_worker(jobs: int) -> None:
-    workers.ignore_sigint()  # and the worker dies with its parent
-    workers.CONCURRENT_JOBS = jobs
-
-
 def _pool(processes: int) -> ProcessPoolExecutor:
     # Forked from a warm server (attntrace.read.workers), not from this process: polars' thread pool does not
     # survive a fork, and a spawned worker would import everything again. The memory and cores are shared by
     # the workers there are, not by the --jobs asked for (-j 128 for two traces left each a 128th). The server
     # is started here (when not yet running) so that it dies with this process (workers.warm_up).
     workers.warm_up(threads=max(1, workers.usable_cores() // processes), strict=True)
-    return ProcessPoolExecutor(max_workers=processes, mp_context=workers.context(), initializer=_init_worker,
-                               initargs=(processes,))
+    return workers.SharingPool(processes, processes, jobs=processes)
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

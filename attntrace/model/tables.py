@@ -12,7 +12,7 @@ import io
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import chain
@@ -369,8 +369,8 @@ def _split_parallel(raw: RawTrace, pieces: Pieces, processes: int) -> _Parts | N
         switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_S)
         workers.warm_up()  # the server that forks the workers starts with Ctrl-C ignored, if it was not running
-        pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=workers.context(),
-                                   initializer=workers.ignore_sigint)
+        # This process decodes a piece too: it is the first of `processes`, the workers take the other shares.
+        pool = workers.SharingPool(processes - 1, processes, first_slot=1)
         try:
             front, back = 0, len(pieces) - 1
             running: dict[int, Future[_PieceTables | None]] = {}

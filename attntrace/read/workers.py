@@ -14,8 +14,11 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
 from pathlib import Path
+
+from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
 
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
@@ -34,7 +37,50 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(START_CORES)
+
+
+def take_share_of_cores(slot: int, processes: int) -> None:
+    """Keep this worker, the `slot`-th of `processes` processes beside each other, on its own share of
+    START_CORES, before polars starts its threads (they inherit it). With fewer cores than processes, or where
+    the affinity cannot be set, the worker runs where the system puts it."""
+    share = len(START_CORES) // max(1, processes)
+    if share < 1:
+        return
+    first = (slot % processes) * share
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, START_CORES[first:first + share])
+
+
+class SharingPool(ProcessPoolExecutor):
+    """A pool of `workers` processes that, after the `first_slot` processes already working (this one, when it
+    decodes beside them), make `processes` in all: each worker takes its slot's share of the cores as it starts.
+    Each worker analyses `jobs` traces at once with the others. The slot is given with the worker's
+    initializer's arguments as the worker is started (a shared counter's semaphore could be gone before a late
+    worker opened it)."""
+
+    def __init__(self, workers: int, processes: int, first_slot: int = 0, jobs: int = 1) -> None:
+        self._next_slot = first_slot
+        # Slots are given in _spawn_process (CPython's, 3.9 and later); without it the workers are not kept.
+        self._sharing = processes if hasattr(ProcessPoolExecutor, "_spawn_process") else 0
+        super().__init__(max_workers=workers, mp_context=context(), initializer=start_worker,
+                         initargs=(first_slot, self._sharing, jobs))
+
+    def _spawn_process(self) -> None:
+        _, processes, jobs = self._initargs
+        self._initargs = (self._next_slot, processes, jobs)
+        self._next_slot += 1
+        super()._spawn_process()  # type: ignore[misc]
+
+
+def start_worker(slot: int, processes: int, jobs: int) -> None:
+    """A worker's initializer: Ctrl-C is left to the parent (ignore_sigint), and the worker keeps to its slot's
+    share of the cores."""
+    global CONCURRENT_JOBS
+    ignore_sigint()
+    CONCURRENT_JOBS = jobs
+    if processes:
+        take_share_of_cores(slot, processes)
 
 
 def read_processes() -> int:
@@ -202,17 +248,14 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
     from multiprocessing import forkserver
 
     server_env = {SPAWNER_ENV: str(os.getpid())}
-    if POLARS_THREADS_ENV not in os.environ:
-        server_env[POLARS_THREADS_ENV] = str(max(1, threads))
-    with sigint_ignored(), _environment(server_env):
+    if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
+        server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
+    with sigint_ignored(), _environment(server_env), _on_start_cores():
         if strict:
             forkserver.ensure_running()
             return
         with contextlib.suppress(OSError, ValueError):
             forkserver.ensure_running()
-
-
-POLARS_THREADS_ENV = "POLARS_MAX_THREADS"
 
 
 @contextlib.contextmanager
@@ -229,6 +272,26 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _on_start_cores() -> Iterator[None]:
+    """This thread on all of START_CORES meanwhile: a process started now inherits the starting thread's cores,
+    and the server's workers take their shares of them."""
+    if not hasattr(os, "sched_setaffinity") or cores_now() == START_CORES:
+        yield
+        return
+    kept = cores_now()
+    try:
+        os.sched_setaffinity(0, START_CORES)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, kept)
 
 
 def return_freed_memory() -> None:
