@@ -232,6 +232,34 @@ def test_a_file_cut_short_while_read_is_not_the_end_of_the_run(tmp_path: Path, j
     assert cut.stat().st_size == 0
 
 
+# The file rewritten in place, its size kept, while its bytes are read (a second later, as a slow read would see it).
+_REWRITE_WHILE_READ = """
+import os
+import attntrace.read.buffers as buffers
+read_regular = buffers._read_regular
+def read_then_rewrite(fh, size):
+    data = read_regular(fh, size)
+    path = os.readlink(f"/proc/self/fd/{fh.fileno()}")
+    if path.endswith("cut.json"):
+        with open(path, "r+b") as out:
+            out.write(b" " * 8)
+        later = os.stat(path).st_mtime_ns + 1_000_000_000
+        os.utime(path, ns=(later, later))
+    return data
+buffers._read_regular = read_then_rewrite
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_file_rewritten_in_place_while_read_is_that_files_error(tmp_path: Path, jobs: str):
+    # Only the size was compared, after the read: bytes of two versions of the file were reported as one trace.
+    cut, whole, done = _lint_with_hook(tmp_path, _REWRITE_WHILE_READ, jobs)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().strip().splitlines() == [f"error: {cut}: the file changed while it was read"]
+    traces = json.loads(done.stdout)["traces"]
+    assert [(t["path"], bool(t["error"])) for t in traces] == [(str(cut), True), (str(whole), False)]
+
+
 # Small pieces (a large trace's are 2-16 MiB), and the file cut in half once read, before its pieces are decoded.
 _CUT_BEFORE_DECODE = """
 import os

@@ -63,6 +63,7 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                     # file's error, and no later change reaches the copy. Against mapping, on a 61 MB trace: the
                     # same peak (the copy goes before the pieces' tables are joined, the peak).
                     data = _read_regular(fh, info.st_size)
+                    _unchanged_since(info, os.fstat(fh.fileno()))
                 else:
                     data = _read_stream(fh, max_bytes, first)
     except IsADirectoryError as exc:
@@ -150,6 +151,8 @@ def reread(source: FileIdentity) -> bytearray:
             if _identity(source.path, os.fstat(fh.fileno())) != source:
                 raise TraceError("unreadable", "the file changed while it was read")
             data = _read_regular(fh, source.size)
+            if _identity(source.path, os.fstat(fh.fileno())) != source:
+                raise TraceError("unreadable", "the file changed while it was read")
     except OSError as exc:
         raise TraceError("unreadable", exc.strerror or str(exc)) from exc
     if len(data) != source.size:
@@ -159,6 +162,15 @@ def reread(source: FileIdentity) -> bytearray:
 
 def _identity(path: str, info: os.stat_result) -> FileIdentity:
     return FileIdentity(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _unchanged_since(before: os.stat_result, after: os.stat_result) -> None:
+    """A file written while it was read (a profiler still exporting, a trace rewritten in place) gives bytes of
+    both versions: that file's error, not a report of a file that never was. Its size or modification time tells
+    (on file systems whose times are finer than the write's interval; a change of the same size within one tick
+    passes)."""
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        raise TraceError("unreadable", "the file changed while it was read")
 
 
 def _read_regular(fh: Any, size: int) -> bytearray:
