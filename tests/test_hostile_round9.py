@@ -537,6 +537,26 @@ def test_the_command_line_keeps_polars_to_one_core_where_cores_are_few():
             assert threads == (int(user_threads) if user_threads else len(cores))
 
 
+def test_lint_on_the_command_line_runs_where_it_kept_itself(tmp_path: Path):
+    """`attntrace lint` itself keeps to one core with one polars thread where cores are few (the tests above call
+    keep_to_one_core directly): what the process has at its end, written by a hook."""
+    seen = tmp_path / "seen.txt"
+    hook = (f"import atexit, os\n"
+            f"def _write():\n"
+            f"    with open({str(seen)!r}, 'a') as out:\n"
+            f"        kept = sorted(os.sched_getaffinity(0)), os.environ.get('POLARS_MAX_THREADS')\n"
+            f"        out.write(repr(kept) + '\\n')\n"
+            f"atexit.register(_write)\n")
+    _, _, done = _lint_with_hook(tmp_path, hook, "1")
+    assert done.returncode == 0, done.stderr
+    affinity, threads = ast.literal_eval(seen.read_text().splitlines()[-1])
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= ONE_THREAD_CORES:
+        assert (affinity, threads) == (cores[:1], "1")
+    else:
+        assert (affinity, threads) == (cores, None)
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_file_renamed_over_while_its_pieces_are_decoded_is_that_files_error(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch,

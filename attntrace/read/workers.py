@@ -62,9 +62,9 @@ class SharingPool(ProcessPoolExecutor):
     def __init__(self, workers: int, processes: int, first_slot: int = 0, jobs: int = 1) -> None:
         self._next_slot = first_slot
         # Slots are given in _spawn_process (CPython's, 3.9 and later); without it the workers are not kept.
-        self._sharing = processes if hasattr(ProcessPoolExecutor, "_spawn_process") else 0
+        sharing = processes if hasattr(ProcessPoolExecutor, "_spawn_process") else 0
         super().__init__(max_workers=workers, mp_context=context(), initializer=start_worker,
-                         initargs=(first_slot, self._sharing, jobs))
+                         initargs=(first_slot, sharing, jobs))
 
     def _spawn_process(self) -> None:
         _, processes, jobs = self._initargs
