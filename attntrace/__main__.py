@@ -1,6 +1,7 @@
 """`python -m attntrace` and the `attntrace` console script: Ctrl-C ends the process quietly with 130, the
 shell's status for an interrupted command, whether it comes during the imports, the analysis or the exit;
-SIGTERM (kill, a CI job's timeout) with 143. Either way the worker processes go with it."""
+SIGTERM (kill, a CI job's timeout) with 143, SIGHUP (the terminal or SSH session closed) with 129. Either way the
+worker processes and the outputs' temporary files go with it."""
 
 import os
 import signal
@@ -10,6 +11,8 @@ import time
 EXIT_INTERRUPTED = 130
 WORKERS_GRACE_S = 2.0  # how long an interrupted run waits for its stopped workers to clean up
 TRACE_COMMANDS = ("lint", "summary", "diff")
+# Signals whose default action ends the process without clean-up: each ends it through _interrupted instead.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -63,8 +66,9 @@ def entry() -> None:
     return_freed_pages_sooner()  # before polars is loaded, here or in the server that forks the workers
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, _interrupted)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupted)
+    for ending in ENDING_SIGNALS:  # not one the caller ignores (nohup ignores SIGHUP)
+        if signal.getsignal(ending) == signal.SIG_DFL:
+            signal.signal(ending, _interrupted)
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
         from attntrace.cores import keep_to_one_core
 

@@ -105,7 +105,9 @@ entry()
                                                  ("SIGTERM", ["-o", "OUT/report.parquet", "--format", "parquet"]),
                                                  ("SIGTERM", ["--annotate", "OUT/annotated.json"]),
                                                  ("SIGINT", ["--annotate", "OUT/annotated.json"]),
-                                                 ("SIGINT", ["--write-baseline", "OUT/baseline.json"])])
+                                                 ("SIGINT", ["--write-baseline", "OUT/baseline.json"]),
+                                                 # a closed terminal or SSH session: ended by the default action
+                                                 ("SIGHUP", ["-o", "OUT/report.json", "--format", "json"])])
 def test_a_signal_removes_the_temporary_file_of_every_output(tmp_path: Path, signame: str, option: list[str]):
     # The handler ended with os._exit, which skipped output.replacing()'s clean-up: a .tmp file stayed beside the
     # output (32 MiB for an --annotate).
@@ -160,14 +162,15 @@ import os, signal, time
 real_replace = os.replace
 def replace_after_ctrl_c(src, dst):
     if str(src).endswith(".tmp") and os.getpgrp() != os.getpid():
-        os.killpg(os.getpgrp(), signal.SIGINT)
+        os.killpg(os.getpgrp(), getattr(signal, os.environ["SIGNAL"]))
         time.sleep(30)
     return real_replace(src, dst)
 os.replace = replace_after_ctrl_c
 """
 
 
-def test_a_worker_stopped_while_it_writes_leaves_no_temporary_file(tmp_path: Path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGHUP"])  # SIGHUP: the terminal or SSH session closed
+def test_a_worker_stopped_while_it_writes_leaves_no_temporary_file(tmp_path: Path, signame: str):
     # The workers write --annotate's copies; stopped by the parent (SIGTERM), they died by the default action and
     # their .tmp files stayed beside the outputs.
     pytest.importorskip("polars")
@@ -178,9 +181,9 @@ def test_a_worker_stopped_while_it_writes_leaves_no_temporary_file(tmp_path: Pat
     out.mkdir()
     done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
                            sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--annotate", str(out)],
-                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True, timeout=60,
-                          start_new_session=True)
-    assert done.returncode == 130, done.stderr
+                          env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "SIGNAL": signame},
+                          capture_output=True, timeout=60, start_new_session=True)
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
     time.sleep(0.5)  # the workers' handlers run as they are stopped
     assert [name for name in os.listdir(out) if name.endswith(".tmp")] == []
 

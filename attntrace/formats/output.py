@@ -16,7 +16,7 @@ class WouldOverwriteInput(OSError):
     """The output is one of the command's inputs: never written over."""
 
 
-# The temporary files being written now (replacing): a SIGINT or SIGTERM handler that ends the process at once
+# The temporary files being written now (replacing): a SIGINT, SIGTERM or SIGHUP handler that ends the process at once
 # (attntrace.__main__) removes them first, as the clean-up below would have.
 _unfinished: set[str] = set()
 
@@ -30,9 +30,9 @@ def remove_unfinished() -> None:
 
 
 def _created(folder: str, prefix: str) -> tuple[int, str]:
-    """A new temporary file, listed as unfinished before a signal can act: SIGINT and SIGTERM are held back from
-    its creation to its listing (a signal between the two left the .tmp file beside the output)."""
-    held = (signal.SIGINT, signal.SIGTERM)
+    """A new temporary file, listed as unfinished before a signal can act: SIGINT, SIGTERM and SIGHUP are held
+    back from its creation to its listing (a signal between the two left the .tmp file beside the output)."""
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     can_hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, held) if can_hold else None
     try:

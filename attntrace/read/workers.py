@@ -145,28 +145,35 @@ def context() -> BaseContext:
         return _context
 
 
+# Signals the whole process group gets (Ctrl-C, a closed terminal): the parent answers them for all, stopping its
+# workers itself (attntrace.__main__), so that no worker dies half way through writing an output.
+GROUP_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
-    """Start processes with SIGINT ignored, a disposition they keep through exec and fork, so that a Ctrl-C
-    while one starts cannot print its traceback; this process answers Ctrl-C for all. (A blocked mask is not
+    """Start processes with SIGINT and SIGHUP ignored, a disposition they keep through exec and fork, so that a
+    Ctrl-C while one starts cannot print its traceback; this process answers them for all. (A blocked mask is not
     enough: a spawned interpreter gets the signal.) A Ctrl-C in these few milliseconds is lost; any later one
     stops the run. Only the main thread may set handlers; elsewhere this does nothing."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {number: signal.signal(number, signal.SIG_IGN) for number in GROUP_SIGNALS}
     except (ValueError, OSError):
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def ignore_sigint() -> None:
-    """A worker's initializer: Ctrl-C reaches the whole process group; the parent answers it. The worker also
-    dies with its parent (die_with_parent), and leaves on SIGTERM (the parent stopping its pool) without the
-    temporary files of the outputs it was writing (_leave_on_sigterm)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A worker's initializer: Ctrl-C and a hang-up reach the whole process group; the parent answers them. The
+    worker also dies with its parent (die_with_parent), and leaves on SIGTERM (the parent stopping its pool)
+    without the temporary files of the outputs it was writing (_leave_on_sigterm)."""
+    for number in GROUP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _leave_on_sigterm)
     die_with_parent()
 
