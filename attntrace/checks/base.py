@@ -55,10 +55,10 @@ class Context:
     severity: str
     _means: dict[str, dict[int, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    @cached_property
+    @property
     def steps(self) -> pl.DataFrame:
         """Per-step, per-device numbers (Trace.step_table) of steady-state steps: graph captures left out."""
-        return self.trace.step_table.filter(~pl.col("capture"))
+        return self.trace.steady_step_table
 
     @property
     def step_count(self) -> int:
@@ -101,10 +101,10 @@ class Context:
             return 0.0
         return float(self.steps.group_by("device").agg(pl.col(column).mean())[column].max())
 
-    @cached_property
+    @property
     def gpu(self) -> pl.DataFrame:
         """GPU activity inside steady-state steps (not graph captures), linked to its launch and op."""
-        return self.trace.gpu_linked.filter(pl.col("step").is_in(self.trace.steady_steps))
+        return self.trace.steady_gpu
 
     @property
     def each_step(self) -> str:

@@ -419,8 +419,9 @@ def _prepared(trace: Any, device: int, pid: int, steps: pl.DataFrame, settings: 
                   .alias("cost")))
 
     def costed(starts: pl.Series, cost: float) -> pl.DataFrame:
-        return pl.DataFrame({"start": starts.cast(pl.Float64), "cost": pl.repeat(cost, starts.len(), eager=True,
-                                                                                   dtype=pl.Float64)})
+        # The cost repeated from one value (not pl.repeat: a query each, and there are six per trace).
+        each = pl.Series("cost", [cost], dtype=pl.Float64)
+        return pl.DataFrame({"start": starts.cast(pl.Float64), "cost": each.new_from_index(0, starts.len())})
 
     profiler_costs = pl.concat([
         costed(ops["ts"], op_cost), costed(launches["ts"], costs.runtime_call_us),

@@ -216,16 +216,18 @@ def assign(frame: pl.DataFrame, windows: pl.DataFrame, by_process: bool = True) 
         return frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
     whole = windows["pid"].null_count() == windows.height
     by = [] if whole or not by_process else ["w_pid"]
-    right = windows.select(pl.col("pid").alias("w_pid"), "step", pl.col("ts").alias("w_ts"),
-                           pl.col("end").alias("w_end")).sort("w_ts")
+    right = windows.lazy().select(pl.col("pid").alias("w_pid"), "step", pl.col("ts").alias("w_ts"),
+                                  pl.col("end").alias("w_end")).sort("w_ts")
     # Only the columns the join needs are sorted and joined; the step comes back in row order and is added to
-    # `frame`, whose columns are then shared, not copied (a million ops would otherwise be held twice).
-    left = frame.select(pl.int_range(pl.len()).alias("row"), "ts",
-                        pl.col("pid").cast(pl.String).alias("w_pid")).sort("ts")
+    # `frame`, whose columns are then shared, not copied (a million ops would otherwise be held twice). One query:
+    # its fixed cost is most of a small trace's time, and this runs for each table.
+    left = frame.lazy().select(pl.int_range(pl.len()).alias("row"), "ts",
+                               pl.col("pid").cast(pl.String).alias("w_pid")).sort("ts")
     if not by:
         right = right.drop("w_pid")
     joined = left.join_asof(right, left_on="ts", right_on="w_ts", by=by or None, strategy="backward",
                             check_sortedness=False)
     step = joined.sort("row").select(pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("step")).alias("step"))
-    out = frame.with_columns(step.to_series())
+    stepped = step.collect().to_series()
+    out = frame.with_columns(stepped) if "step" in frame.columns else frame.hstack([stepped])
     return out if out["idx"].is_sorted() else out.sort("idx")

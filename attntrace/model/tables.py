@@ -463,24 +463,25 @@ def _ipc(frame: pl.DataFrame) -> bytes:
 
 def _derive(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
     """A kind's columns that derive from the others, computed once on the joined table: end times, the old
-    spelling of External id, and the kind of each category."""
+    spelling of External id, and the kind of each category. One query per kind: a query's fixed cost is most of a
+    small trace's time."""
     if kind == "flows":
         return frame
-    frame = frame.with_columns(pl.col("dur").fill_null(0.0).clip(lower_bound=0.0))
+    derived = frame.lazy().with_columns(pl.col("dur").fill_null(0.0).clip(lower_bound=0.0))
     if "external_id_old" in frame.columns:
-        frame = frame.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
+        derived = derived.with_columns(pl.coalesce("external_id", "external_id_old").alias("external_id")).drop(
             "external_id_old")
     volumes = [c for c in ("grid_blocks", "block_threads") if c in frame.columns]
-    frame = frame.select(pl.exclude(volumes), (pl.col("ts") + pl.col("dur")).alias("end"), *volumes)
+    derived = derived.select(pl.exclude(volumes), (pl.col("ts") + pl.col("dur")).alias("end"), *volumes)
     if kind == "ops":
-        return frame.with_columns(pl.col("cat").replace_strict(CPU_OP_CATS, default="user_annotation"))
-    if kind == "launches":
+        derived = derived.with_columns(pl.col("cat").replace_strict(CPU_OP_CATS, default="user_annotation"))
+    elif kind == "launches":
         apis = {c: k for c in frame["cat"].unique().to_list() if (k := runtime_kind(c))}
-        return frame.with_columns(
+        derived = derived.with_columns(
             pl.col("cat").replace_strict(apis, default="runtime", return_dtype=pl.String).alias("api_kind"),
             pl.col("name").is_in(LAUNCH_APIS).alias("is_launch"))
-    if kind == "gpu":
-        return frame.with_columns(
+    elif kind == "gpu":
+        derived = derived.with_columns(
             # The device from args, else from the pid: a number, or text naming one ("GPU 0", "cuda:1").
             pl.coalesce("device", pl.col("pid").cast(pl.Int64, strict=False),
                         pl.col("pid").cast(pl.String).str.extract(r"^(?i:gpu|cuda|device)?[\s:#]*(\d{1,9})$", 1)
@@ -488,9 +489,9 @@ def _derive(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
             pl.coalesce("stream", pl.col("tid").cast(pl.Int64, strict=False)).alias("stream"),
         ).select(pl.exclude(volumes), pl.col("cat").replace_strict(GPU_CATS, default="kernel").alias("kind"),
                  *volumes)
-    if kind == "python":
-        return frame.select("idx", "name", "pid", "tid", "ts", "end")
-    return frame
+    elif kind == "python":
+        derived = derived.select("idx", "name", "pid", "tid", "ts", "end")
+    return derived.collect()
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -185,7 +185,7 @@ class Trace:
         worked = gpu.select("step", pl.col("device").cast(pl.Int64)).drop_nulls().unique()
         idle = (windows.select("step").unique().join(worked.select("step").unique(), on="step", how="anti")
                 .with_columns(pl.lit(devices[0] if devices else None, dtype=pl.Int64).alias("device")))
-        rows = pl.concat([worked, idle])
+        rows = pl.concat([worked, idle]).lazy()
         cpu = self._cpu_windows(windows, rows)
         comm = gpu["group"] == taxonomy.COMMUNICATION
         keys = ["step", "device"]
@@ -196,15 +196,17 @@ class Trace:
         # of the kernels' time, behind "4% of compute".
         kernels = busy_us(gpu.filter(~comm & (pl.col("kind") == "kernel")), ["step"]).rename(
             {"busy_us": "compute_kernel_us"})
-        counts = gpu.group_by(keys).agg(
+        counts = gpu.lazy().group_by(keys).agg(
             (pl.col("kind") == "kernel").sum().alias("kernels"),
             (pl.col("kind") == "memcpy").sum().alias("memcpy"),
             (pl.col("kind") == "memset").sum().alias("memset"),
             pl.col("dur").filter(pl.col("kind") == "kernel").sum().alias("kernel_us"))
-        launches = (self.launches_on_devices.filter(pl.col("is_launch") & pl.col("step").is_not_null())
+        launches = (self.launches_on_devices.lazy().filter(pl.col("is_launch") & pl.col("step").is_not_null())
                     .group_by(keys).agg(pl.len().alias("launches"), pl.col("dur").sum().alias("launch_cpu_us")))
+        # One query for the joins and columns: a query's fixed cost is most of a small trace's time, and these
+        # were a dozen of them per trace.
         table = rows.join(cpu, on=keys, how="left", nulls_equal=True)
-        for part in (total, compute, communication, kernels, counts, launches):
+        for part in (total.lazy(), compute.lazy(), communication.lazy(), kernels.lazy(), counts, launches):
             table = table.join(part.with_columns(pl.col("device").cast(pl.Int64)), on=keys, how="left",
                                nulls_equal=True)
         return table.with_columns(
@@ -218,12 +220,12 @@ class Trace:
             pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"),
         ).select("step", "device", "cpu_us", "gpu_busy_us", "compute_us", "comm_us", "overlap_us", "kernels",
                  "memcpy", "memset", "kernel_us", "compute_kernel_us", "launches", "launch_cpu_us", "capture", "step_us"
-                 ).sort(keys, nulls_last=True)
+                 ).sort(keys, nulls_last=True).collect()
 
-    def _cpu_windows(self, windows: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    def _cpu_windows(self, windows: pl.DataFrame, rows: pl.LazyFrame) -> pl.LazyFrame:
         """The CPU window of each (step, device): that of the device's driving process, else the step's first."""
-        spans = windows.select("pid", "step", (pl.col("end") - pl.col("ts")).alias("cpu_us"), "capture")
-        owner = pl.DataFrame({"device": list(self.device_process), "pid": list(self.device_process.values())},
+        spans = windows.lazy().select("pid", "step", (pl.col("end") - pl.col("ts")).alias("cpu_us"), "capture")
+        owner = pl.LazyFrame({"device": list(self.device_process), "pid": list(self.device_process.values())},
                              schema={"device": pl.Int64, "pid": pl.String})
         own = rows.join(owner, on="device", how="left").join(spans, on=["pid", "step"], how="left")
         first = spans.unique("step", keep="first", maintain_order=True).select(
@@ -330,6 +332,17 @@ class Trace:
     def steady_steps(self) -> list[int]:
         """Step numbers that are not graph captures (a new list each time: the callers' to change)."""
         return list(self._steady_steps)
+
+    @cached_property
+    def steady_gpu(self) -> pl.DataFrame:
+        """GPU activity inside steady-state steps (not graph captures), linked to its launch and op. Kept here, not
+        by each rule: a query per rule was a tenth of a small trace's."""
+        return self.gpu_linked.filter(pl.col("step").is_in(self._steady_steps))
+
+    @cached_property
+    def steady_step_table(self) -> pl.DataFrame:
+        """step_table without graph captures."""
+        return self.step_table.filter(~pl.col("capture"))
 
     @cached_property
     def _steady_steps(self) -> tuple[int, ...]:
@@ -505,7 +518,7 @@ class Trace:
     def has_gpu(self) -> bool:
         return self.gpu.height > 0
 
-    @property
+    @cached_property
     def devices(self) -> list[int]:
         return sorted(int(d) for d in self.gpu["device"].drop_nulls().unique().to_list())
 

@@ -6,8 +6,6 @@ import dataclasses
 from functools import partial
 from typing import Any
 
-import polars as pl
-
 from attntrace import __version__
 from attntrace.checks import CHECKS, Context, Skip
 from attntrace.checks.catalog import Rule, load_rules
@@ -39,7 +37,7 @@ def default_settings(rules: dict[str, Rule]) -> Settings:
 def _missing(trace: Trace, need: str) -> str | None:
     if need == "gpu" and not trace.has_gpu:
         return "no GPU events (kernels, memcpy, memset) in the trace"
-    if need == "ops" and not trace.ops.select((pl.col("cat") == "cpu_op").any()).item():
+    if need == "ops" and not (trace.ops["cat"] == "cpu_op").any():
         return ("no CPU ops in the trace (an Nsight Systems export has them only from "
                 "torch.autograd.profiler.emit_nvtx() ranges): this rule judges the op that caused the kernels")
     if need == "shapes" and not trace.has_shapes:
