@@ -231,12 +231,12 @@ class Replay:
         # Each step's estimate is within its RECORDED_STEP, so the medians are too: a median of per-step windows
         # alone came out under the median estimate (HTA's trace_diff test: 116.9 ms recorded, 122.2 ms estimated).
         steady = self.steady if steps is None else self.steady.filter(pl.col("step").is_in(steps))
-        medians = steady.group_by("device").agg(
+        medians = steady.lazy().group_by("device").agg(
             pl.len().alias("steps"), RECORDED_STEP.median().alias("recorded_us"),
             pl.col("est_step_us", "gpu_busy_us", "est_idle_us", "profiler_cpu_us", "cpu_us").median())
         lift = (pl.min_horizontal("cpu_us", "recorded_us") - pl.col("est_step_us")).clip(lower_bound=0.0)
         return (medians.with_columns(pl.col("est_step_us") + lift, pl.col("est_idle_us") + lift)
-                .drop("cpu_us").sort("device"))
+                .drop("cpu_us").sort("device").collect())
 
 
 def _is_blocking(name: str, dur: float, own_copy_end: float | None, end: float) -> bool:
