@@ -5,6 +5,7 @@ than a trace (bz2, zstd, xz, zip, tar, procfs, a URL without its extra). Each te
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import json
 import os
@@ -82,6 +83,64 @@ def test_workers_die_with_a_killed_parent(tmp_path: Path):
         proc.kill()
         for pid in _descendants(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# A parent that starts the fork server, asks it for a worker, and is gone while the server still imports polars
+# (as one killed then is).
+_GONE_WHILE_THE_SERVER_STARTS = """
+import multiprocessing.forkserver as forkserver, os, threading, time
+from attntrace.read import workers
+workers.warm_up()
+print(forkserver._forkserver._forkserver_pid, flush=True)
+threading.Timer(0.05, os._exit, (0,)).start()
+workers.SharingPool(1, 1).submit(time.sleep, 60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_the_fork_server_ends_when_its_parent_went_while_it_started():
+    # Killed while the server still imported polars (before it could ask to die with its parent), the parent left
+    # the server, a worker and the resource tracker running for good, holding the parent's stdout open: a CI step
+    # that waited for the output hung.
+    pytest.importorskip("polars")
+    done = subprocess.run([sys.executable, "-c", _GONE_WHILE_THE_SERVER_STARTS], env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    server = int(done.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _running(server):
+            time.sleep(0.1)
+        assert not _running(server)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_ctrl_c_while_a_worker_starts_stops_the_run(tmp_path: Path):
+    # SIGINT was ignored while a pool started a worker, and that start waits for the fork server's imports (up to a
+    # second on a busy machine): a Ctrl-C then was lost, and the run went on to its end. Here the server takes 3 s
+    # to start (a sitecustomize in its environment), and the Ctrl-C comes while the run waits for its worker.
+    pytest.importorskip("polars")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('ATTNTRACE_SERVER_SPAWNER'):\n    time.sleep(3)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
+                             sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--format", "json"],
+                            env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_descendants(proc.pid)) < 2:  # the tracker and the server
+            time.sleep(0.02)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 # Run as the console script does, with the replace of each output's finished temporary file preceded by a signal:

@@ -169,7 +169,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BA
         try:
             while True:
                 while sent < len(batches) and len(in_flight) < jobs * IN_FLIGHT_PER_JOB:
-                    with workers.sigint_ignored():  # the pool may start a worker here
+                    with workers.worker_starts():  # the pool may start a worker here
                         in_flight.append((sent, pool.submit(_call_batch, (batches[sent], work))))
                     sent += 1
                 if not in_flight:
@@ -205,6 +205,7 @@ def _alone(path: str, work: Callable[[str], T]) -> T | InputError:
     try:
         with workers.sigint_ignored():
             pool = _pool(1)
+        with workers.worker_starts():
             future = pool.submit(_call, (path, work))
             # Kept now: a broken pool may let go of its process list before the error is looked at.
             processes = list((getattr(pool, "_processes", None) or {}).values())

@@ -168,6 +168,19 @@ def sigint_ignored() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+@contextlib.contextmanager
+def worker_starts() -> Iterator[None]:
+    """Around a call that may start a worker (a pool's submit). A worker forked by the fork server (which its pool
+    started with SIGINT and SIGHUP ignored: the workers inherit that) needs nothing held, and nothing is: its start
+    waits for the server's imports, up to a second on a busy machine, and a Ctrl-C in that wait was lost (the run
+    went on to its end). A spawned worker is a fresh interpreter, started with them ignored (sigint_ignored)."""
+    if context().get_start_method() == "forkserver":
+        yield
+        return
+    with sigint_ignored():
+        yield
+
+
 def ignore_sigint() -> None:
     """A worker's initializer: Ctrl-C and a hang-up reach the whole process group; the parent answers them. The
     worker also dies with its parent (die_with_parent), and leaves on SIGTERM (the parent stopping its pool)
@@ -216,7 +229,15 @@ def _die_with_spawner() -> None:
     it: the CLI's main thread; a library caller whose thread ends loses the server, which multiprocessing then
     starts again for the next pool.)"""
     global _server_pid
-    if os.environ.get(SPAWNER_ENV) == str(os.getppid()) and _kill_me_when_parent_dies():
+    spawner = os.environ.get(SPAWNER_ENV)
+    if spawner is None:
+        return
+    if spawner != str(os.getppid()):
+        # The parent went while this server still started (importing polars, up to a second on a busy machine): a
+        # SIGKILL then left the server, a worker it forked and the resource tracker running, with the parent's
+        # stdout held open (a caller waiting for it hung).
+        os._exit(1)
+    if _kill_me_when_parent_dies():
         _server_pid = os.getpid()  # what a worker forked from here sees as its parent
         if os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
             os._exit(1)
