@@ -143,6 +143,32 @@ def test_ctrl_c_while_a_worker_starts_stops_the_run(tmp_path: Path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# In the fork server alone (its environment names its parent), every fork fails as under `ulimit -u`.
+_SERVER_CANNOT_FORK = """
+import os
+if os.environ.get("ATTNTRACE_SERVER_SPAWNER"):
+    def fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    os.fork = fork
+"""
+
+
+def test_a_fork_server_that_cannot_fork_leaves_the_traces_to_the_main_process(tmp_path: Path):
+    # The fork server died with a traceback when a process limit refused its fork, and the run ended with
+    # "Aborted!" (its socket's EOF) or "error: stdout: Connection refused": no trace reported.
+    pytest.importorskip("polars")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SERVER_CANNOT_FORK)
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
+                           sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--format", "json", "--fail-on",
+                           "never"], env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [t["error"] for t in json.loads(done.stdout)["traces"]] == [None, None]
+    assert b"Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 1, done.stderr
+
+
 # Run as the console script does, with the replace of each output's finished temporary file preceded by a signal:
 # the process is stopped while the temporary file is there.
 _SIGNAL_BEFORE_REPLACE = """

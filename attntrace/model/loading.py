@@ -162,7 +162,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BA
             # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
             yield from (guarded(path, work) for batch in batches[start:] for path in batch)
             return
-        broke_at = None
+        broke_at = here_from = None
         finished = False
         in_flight: deque[tuple[int, Future[list[Any]]]] = deque()
         sent = start
@@ -184,11 +184,19 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BA
             finished = True
         except BrokenProcessPool:  # broken while a batch was sent: the first one not received failed with it
             broke_at = in_flight[0][0] if in_flight else sent
+        except (OSError, EOFError):
+            # The fork server gave no worker: it could not fork (a process limit, `ulimit -u`), or it is gone (its
+            # socket refused the connection). This was "error: stdout: Connection refused" or "Aborted!" and no
+            # report; the batches not yet received are analysed in this process instead.
+            here_from = in_flight[0][0] if in_flight else sent
         finally:
             if finished and broke_at is None:
                 pool.shutdown(wait=True)
             else:  # a dead worker, Ctrl-C, or a caller that stopped reading
                 _stop(pool)
+        if here_from is not None:
+            yield from (guarded(path, work) for batch in batches[here_from:] for path in batch)
+            return
         if broke_at is None:
             return
         broken = batches[broke_at]
@@ -209,7 +217,9 @@ def _alone(path: str, work: Callable[[str], T]) -> T | InputError:
             future = pool.submit(_call, (path, work))
             # Kept now: a broken pool may let go of its process list before the error is looked at.
             processes = list((getattr(pool, "_processes", None) or {}).values())
-    except (OSError, NotImplementedError):  # no worker processes any more: analyse it here
+    except (OSError, EOFError, NotImplementedError):  # no worker processes any more: analyse it here
+        if "pool" in locals():
+            _stop(pool)
         return guarded(path, work)
     try:
         return future.result()

@@ -315,7 +315,9 @@ def _split_pieces(raw: RawTrace, pieces: Pieces) -> Tables:
     done: _Parts | None = None
     if processes > 1:
         counts = raw.counts()
-        with contextlib.suppress(OSError, BrokenProcessPool):  # no worker processes here (a sandbox)
+        # No worker processes here (a sandbox), or the fork server gave none (it could not fork, `ulimit -u`; it
+        # is gone: an EOF on its socket).
+        with contextlib.suppress(OSError, EOFError, BrokenProcessPool):
             done = _split_parallel(raw, pieces, processes)
         workers.return_freed_memory()
         if done is None:  # one process does it all, from the start

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from types import TracebackType
 
 from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
 
@@ -237,10 +238,19 @@ def _die_with_spawner() -> None:
         # SIGKILL then left the server, a worker it forked and the resource tracker running, with the parent's
         # stdout held open (a caller waiting for it hung).
         os._exit(1)
+    sys.excepthook = _server_error_in_one_line
     if _kill_me_when_parent_dies():
         _server_pid = os.getpid()  # what a worker forked from here sees as its parent
         if os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
             os._exit(1)
+
+
+def _server_error_in_one_line(kind: type[BaseException], error: BaseException, trace: TracebackType | None
+                              ) -> None:
+    """The fork server's end by an error, in one line (the parent goes on in its own process): a fork refused by a
+    process limit (`ulimit -u`) was multiprocessing's traceback on the user's terminal."""
+    sys.stderr.write(f"attntrace: the worker server stopped ({kind.__name__}: {error}); the traces are analysed "
+                     "in the main process\n")
 
 
 _server_pid: int | None = None
