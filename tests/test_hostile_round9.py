@@ -733,3 +733,24 @@ def test_a_pattern_names_its_broken_links_as_a_folder_does(tmp_path: Path):
     assert done.returncode == 2
     errors = done.stderr.decode().splitlines()
     assert [line.split(": ")[1] for line in errors] == [str(tmp_path / "dangling.json"), str(tmp_path / "loop.json")]
+
+
+def test_a_directory_of_other_json_only_is_an_error_not_a_pass(tmp_path: Path):
+    # A directory holding only other programs' JSON (run.json, configs) linted as "0 trace(s)" with exit 0: a CI
+    # gate passed having analysed nothing, where an empty directory is an error.
+    pytest.importorskip("polars")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "run.json").write_text('{"foo": 1}')
+    (only / "x.json").write_text("{}")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "run.json").write_text('{"foo": 1}')
+    (mixed / "t.pt.trace.json.gz").write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", str(only), str(mixed), "--format", "json",
+                           "--fail-on", "never"], env=_env(), capture_output=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().splitlines() == [
+        f"error: {only}: no traces in this directory: its 2 JSON file(s) are not traces (run.json, x.json)"]
+    traces = json.loads(done.stdout)["traces"]
+    assert [(t["error"] or {}).get("kind") for t in traces] == [None, "not-found"]

@@ -276,19 +276,34 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
         done = _pooled(todo, work, jobs)
     else:
         done = (guarded(p, work) for p in todo)
+    # Per directory, pattern or prefix given: how many of its files were reported (traces, or their errors), and
+    # which were passed over as other programs' JSON.
+    reported: dict[str, int] = {}
+    passed_over: dict[str, list[str]] = {}
     try:
         # Results come in input order as each is done, so a caller can show progress.
         for item in found:
             if isinstance(item, TraceError):
                 yield InputError(display_path(item.path or ""), item.kind, item.message)
                 continue
-            _, in_directory = item
+            _, directory = item
             result = next(done)
-            if in_directory and isinstance(result, InputError) and result.kind == "not-a-trace":
+            if directory is not None and isinstance(result, InputError) and result.kind == "not-a-trace":
                 # Other JSON beside the traces (run.json, configs) is passed over, not an error.
+                passed_over.setdefault(directory, []).append(result.path)
                 yield InputError(result.path, SKIPPED, result.message)
             else:
+                if directory is not None:
+                    reported[directory] = reported.get(directory, 0) + 1
                 yield result
+        for directory, files in passed_over.items():
+            if not reported.get(directory):
+                # Nothing but other programs' JSON: a CI gate passed with nothing analysed ("0 trace(s)", exit 0),
+                # where an empty directory is an error.
+                names = ", ".join(os.path.basename(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+                yield InputError(display_path(directory), "not-found",
+                                 f"no traces in this directory: its {len(files)} JSON file(s) are not traces "
+                                 f"({names})")
     finally:
         close = getattr(done, "close", None)
         if close is not None:

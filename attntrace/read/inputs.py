@@ -42,11 +42,11 @@ def input_roots(paths: list[str]) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
-    """Expand directories into their JSON files, sorted; yield (path, found in a directory) for each input,
-    or why the input is unusable. A directory scan takes regular files only (a FIFO there would block);
-    a FIFO or pipe named on the command line is read as a stream. A file named twice (`a.json ./a.json`, a
-    directory and a file in it) is analysed and reported once, where it came first."""
+def discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]:
+    """Expand directories into their JSON files, sorted; yield (path, the directory or pattern it was found in as
+    given, else None) for each input, or why the input is unusable. A directory scan takes regular files only (a
+    FIFO there would block); a FIFO or pipe named on the command line is read as a stream. A file named twice
+    (`a.json ./a.json`, a directory and a file in it) is analysed and reported once, where it came first."""
     seen: set[str] = set()
     for item in _discover(paths):
         path = item[0] if isinstance(item, tuple) else item.path
@@ -59,7 +59,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
         yield item
 
 
-def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
+def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]:
     stdin_seen = False
     from attntrace.read import sources  # URLs: a small module; fsspec itself is imported only for a URL
 
@@ -72,7 +72,7 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
                 yield TraceError("usage", "stdin ('-') can be read only once", path=given)
             else:
                 stdin_seen = True
-                yield given, False
+                yield given, None
             continue
         given = sources.local_path(given) or given
         if sources.is_url(given):
@@ -90,10 +90,10 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
             if not found and not problems:
                 yield TraceError("not-found", "no trace files (*.json, *.json.gz) or Nsight Systems exports "
                                  "(*.sqlite) in this directory", path=given)
-            yield from ((p, True) for p in found)
+            yield from ((p, given) for p in found)
             yield from problems
         elif exists:
-            yield given, False
+            yield given, None
         elif _GLOB.search(given):  # a quoted pattern ('traces/rank*.json.gz'), as for URLs
             try:
                 matches = sorted(_glob(given))
@@ -108,7 +108,7 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, bool] | TraceError]:
                 yield from problems
             if not files:
                 yield TraceError("not-found", "no trace file matches this pattern", path=given)
-            yield from ((match, True) for match in sorted(set(files)))
+            yield from ((match, given) for match in sorted(set(files)))
         else:
             yield TraceError("not-found", "no such file or directory", path=given)
 

@@ -141,9 +141,10 @@ def _is_trace_name(path: str) -> bool:
     return path.endswith(TRACE_SUFFIXES)
 
 
-def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
+def discover(given: str) -> Iterator[tuple[str, str | None] | TraceError]:
     """Expand one URL as `read.inputs.discover` expands a local path: a glob or a prefix ("directory") becomes its
-    trace objects, sorted; yield (url, found under a prefix or glob) or why the URL is unusable."""
+    trace objects, sorted; yield (url, the prefix or glob it was found under, else None) or why the URL is
+    unusable."""
     name = shown(given)
     if urlsplit(given).password:
         yield TraceError("unsupported", "a password in the URL is refused; give credentials through "
@@ -160,23 +161,23 @@ def discover(given: str) -> Iterator[tuple[str, bool] | TraceError]:
                 yield TraceError("unsupported", "an http(s) URL names one file: a web server has no listing to "
                                  "expand a glob or a prefix with (s3://, gs:// and az:// have)", path=name)
                 return
-            yield given, False
+            yield given, None
             return
         if _GLOB.search(path):
             matches = fs.glob(path, detail=True)  # the listing says which are files: no request per match
             found = sorted(p for p, info in matches.items() if _is_trace_name(p) and info.get("type") == "file")
             if not found:
                 yield TraceError("not-found", "no trace objects (*.json, *.json.gz) match", path=name)
-            yield from ((fs.unstrip_protocol(p), True) for p in found)
+            yield from ((fs.unstrip_protocol(p), name) for p in found)
             return
         info = fs.info(path)
         if info.get("type") != "directory":
-            yield given, False
+            yield given, None
             return
         found = sorted(p for p in fs.find(path) if _is_trace_name(p))
         if not found:
             yield TraceError("not-found", "no trace objects (*.json, *.json.gz) under this prefix", path=name)
-        yield from ((fs.unstrip_protocol(p), True) for p in found)
+        yield from ((fs.unstrip_protocol(p), name) for p in found)
     except Exception as exc:  # a backend raises its own types; each becomes that URL's one-line error
         failure = _failure(exc, given, "listing")
         yield TraceError(failure.kind, failure.message, path=name)
