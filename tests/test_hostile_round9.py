@@ -447,6 +447,11 @@ def _write(path: Path, data: bytes) -> None:
      "lint ranks"),
     ("ranks.json.gz", lambda p: _tar(p, "w:gz"), "a tar archive (gzip-compressed), not a trace: mkdir ranks && "
      "tar -xzf {path} -C ranks, then lint ranks"),
+    # A tar in bz2 or xz was "bz2-compressed data" with a command that made it a .json holding a tar.
+    ("ranks.tar.bz2", lambda p: _tar(p, "w:bz2"), "a tar archive (bzip2-compressed), not a trace: mkdir ranks && "
+     "tar -xjf {path} -C ranks, then lint ranks"),
+    ("ranks.txz", lambda p: _tar(p, "w:xz"), "a tar archive (xz-compressed), not a trace: mkdir ranks && "
+     "tar -xJf {path} -C ranks, then lint ranks"),
 ])
 def test_a_compressed_file_or_archive_is_named_with_the_command_that_extracts_it(tmp_path: Path, name: str,
                                                                                 make, said: str):

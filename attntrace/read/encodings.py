@@ -39,7 +39,12 @@ _OTHER_FORMATS: tuple[tuple[bytes, str, str], ...] = (
     (b"PK\x05\x06", "an empty zip archive", "unzip -l {file}"),
     (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "7z x {file} -o{stem}, then lint {stem}"),
 )
-_ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|bz2|zst|zstd|xz|zip|7z|tar))+$", re.IGNORECASE)
+# A compressed tar, told by its name (its first bytes are the compression's, and a bz2 block is read whole before
+# any of it comes out): the compression, and tar's option for it.
+_COMPRESSED_TARS: dict[bytes, tuple[str, str]] = {
+    b"BZh": ("bzip2", "-xjf"), b"\x28\xb5\x2f\xfd": ("zstd", "--zstd -xf"), b"\xfd7zXZ\x00": ("xz", "-xJf")}
+_TAR_NAME = re.compile(r"\.(tar\.(bz2|zst|zstd|xz)|tbz2?|tzst|txz)$", re.IGNORECASE)
+_ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|tbz|tbz2|txz|tzst|bz2|zst|zstd|xz|zip|7z|tar))+$", re.IGNORECASE)
 
 
 def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> TraceError | None:
@@ -56,6 +61,10 @@ def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> Trac
         if head.startswith(magic) and (magic != b"BZh" or head[3:4].isdigit()):
             if gzipped:
                 return TraceError("unsupported", f"the gzip stream holds {what}, not JSON")
+            if magic in _COMPRESSED_TARS and _TAR_NAME.search(base):
+                compression, flags = _COMPRESSED_TARS[magic]
+                return TraceError("unsupported", f"a tar archive ({compression}-compressed), not a trace: "
+                                  f"mkdir {stem} && tar {flags} {file} -C {stem}, then lint {stem}")
             return TraceError("unsupported", f"{what}, not a trace (attntrace reads JSON and gzip): "
                               f"{command.format(file=file, stem=stem, out=out)}")
     if head[257:262] == b"ustar":  # a tar member's header: its name first, the format's magic at 257
