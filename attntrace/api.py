@@ -449,7 +449,7 @@ def write_run_report(out_dir: Path, run: dict[str, Any], lint_traces: bool = Tru
 
 def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
            pin_copies: bool = False, graph: bool = False, offload_loader: bool = False,
-           config: PathLike | None = None) -> dict[str, Any]:
+           config: PathLike | None = None, max_size: int | None = None, salvage: bool = False) -> dict[str, Any]:
     """`attntrace whatif`: the trace's steps replayed without the profiler, before and after a change (kernel
     classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
     the critical path before. Raises TraceReadError (one line) when the trace cannot be read, ValueError for a
@@ -462,7 +462,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
 
     name = os.fspath(path)
     try:
-        trace = load(name, ReadOptions(DEFAULT_MAX_BYTES, False))
+        trace = load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage))
         summary = summarize_trace(trace, build_settings(config=config))
     except TraceError as exc:
         raise TraceReadError(f"{name}: {exc.message}") from None

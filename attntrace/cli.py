@@ -286,8 +286,9 @@ def _speedups(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="A TOML file whose [tool.attntrace.profiler_cost] replays the step, as lint's --config.")
+@read_options
 def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bool, graph: bool,
-           offload_loader: bool, fmt: str, config_path: str | None) -> None:
+           offload_loader: bool, fmt: str, config_path: str | None, max_size: int | None, salvage: bool) -> None:
     """Replay PATH's steps without the profiler, before and after a change, per device: the step's wall time and
     what its critical path spends it on. A finding's wall saving is one such replay."""
     from attntrace.api import TraceReadError
@@ -296,7 +297,8 @@ def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bo
 
     try:
         result = run_whatif(path, speedup=_speedups(speedup), drop_syncs=drop_syncs, pin_copies=pin_copies,
-                            graph=graph, offload_loader=offload_loader, config=config_path)
+                            graph=graph, offload_loader=offload_loader, config=config_path, max_size=max_size,
+                            salvage=salvage)
     except (TraceReadError, ValueError) as exc:
         _error(str(exc))
         sys.exit(EXIT_ERROR)
@@ -715,7 +717,9 @@ def explain(rule: str) -> None:
               help="Exit 1 when NEW's step time is more than PCT percent above BASE's, outside the step spread.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output", "-o", help="Write the comparison to this file instead of stdout.")
-def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None) -> None:
+@read_options
+def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None, max_size: int | None,
+         salvage: bool) -> None:
     """Compare two traces, or two directories of traces matched by name."""
     from attntrace.read.sources import is_url
     from attntrace.report import diff as differ
@@ -733,7 +737,7 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
             raise click.ClickException(f"{_shown(path)}: {exc.strerror or exc}") from exc
         if missing:
             raise click.ClickException(f"{_shown(path)}: no such file or directory")
-    result = _escaped(differ.compare(base, new, fail_over))
+    result = _escaped(differ.compare(base, new, fail_over, _read_options(max_size, salvage)))
     shown_in_report = fmt != "json" and output in (None, "-") and _one_terminal()  # as lint's
     for c in result["comparisons"]:
         for line in c["errors"] if not shown_in_report else ():

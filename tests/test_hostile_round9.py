@@ -759,3 +759,23 @@ def test_a_directory_of_other_json_only_is_an_error_not_a_pass(tmp_path: Path):
         f"error: {only}: no traces in this directory: its 2 JSON file(s) are not traces (run.json, x.json)"]
     traces = json.loads(done.stdout)["traces"]
     assert [(t["error"] or {}).get("kind") for t in traces] == [None, "not-found"]
+
+
+@pytest.mark.parametrize("command", [["diff", "CUT", "GOOD"], ["whatif", "CUT", "--graph"], ["summary", "CUT"],
+                                     ["lint", "CUT"]])
+def test_every_command_that_names_salvage_has_it(tmp_path: Path, command: list[str]):
+    # A cut-off trace's error says "--salvage analyses the complete events"; diff and whatif had no such option
+    # ("No such option: --salvage").
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    good = sample("bf16_causal_fwd/naive")
+    cut = tmp_path / "cut.json"
+    text = gzip.decompress(Path(good).read_bytes())
+    cut.write_bytes(text[:len(text) // 2])
+    args = [{"CUT": str(cut), "GOOD": good}.get(a, a) for a in command]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2 and "--salvage" in refused.stderr
+    salvaged = CliRunner().invoke(main, [*args, "--salvage"])
+    assert "No such option" not in salvaged.stderr and "is cut off" not in salvaged.stderr, salvaged.stderr

@@ -16,7 +16,7 @@ import polars as pl
 from attntrace.model import stats
 from attntrace.model.identity import fold_name, trace_label
 from attntrace.model.loading import InputError, display_path, guarded, load
-from attntrace.read import discover
+from attntrace.read import ReadOptions, discover
 from attntrace.report.engine import TraceReport, lint_trace
 
 CONFIDENCE = 0.95  # a change is called real at this confidence from the one-sided test
@@ -54,8 +54,8 @@ def _classes(trace: Any, steps: int) -> dict[str, float]:
     return {cls: n / max(steps, 1) for cls, n in counts.iter_rows()}
 
 
-def _analyse(path: str, label: str) -> tuple[Any, TraceReport]:
-    trace = load(path)
+def _analyse(path: str, label: str, options: ReadOptions | None) -> tuple[Any, TraceReport]:
+    trace = load(path, options)
     trace.label = label  # both traces of a pair by one name: their findings' fingerprints then compare
     return trace, lint_trace(trace)
 
@@ -134,10 +134,11 @@ def _host_or_program(metrics: dict[str, Any]) -> str | None:
     return None
 
 
-def compare_pair(base: str, new: str, fail_over: float | None, label: str | None = None) -> dict[str, Any]:
+def compare_pair(base: str, new: str, fail_over: float | None, label: str | None = None,
+                 options: ReadOptions | None = None) -> dict[str, Any]:
     # The pair by one name: the new trace's, as a baseline of it would have.
     name = label or trace_label(display_path(new))
-    results = [guarded(p, lambda path: _analyse(path, name)) for p in (base, new)]
+    results = [guarded(p, lambda path: _analyse(path, name, options)) for p in (base, new)]
     errors = [r for r in results if isinstance(r, InputError)]
     if errors:
         return {"base": base, "new": new, "errors": [f"{e.path}: {e.message}" for e in errors],
@@ -263,7 +264,7 @@ def _one_sided(base: str | None, new: str | None) -> dict[str, Any] | None:
     return {"base": base, "new": new, "error": None}
 
 
-def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
+def compare(base: str, new: str, fail_over: float | None, options: ReadOptions | None = None) -> dict[str, Any]:
     comparisons, unmatched = [], []
     matched, problems = pairs(base, new)
     for b, n in matched:
@@ -272,7 +273,7 @@ def compare(base: str, new: str, fail_over: float | None) -> dict[str, Any]:
             if entry is not None:
                 unmatched.append(entry)
             continue
-        result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)))
+        result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)), options)
         if len(matched) > 1 and result.pop("not_traces", False):
             continue  # other JSON beside the traces of a directory (run.json)
         result.pop("not_traces", None)
