@@ -264,7 +264,7 @@ def test_unreadable_subdirectory_is_reported_not_skipped_in_silence(tmp_path: Pa
 
     monkeypatch.setattr(os, "scandir", scandir)
     found = list(read.discover([str(tmp_path)]))
-    assert found[0] == (str(tmp_path / "ok" / "t.json"), True)
+    assert found[0] == (str(tmp_path / "ok" / "t.json"), str(tmp_path))  # found in the directory given
     assert isinstance(found[1], read.TraceError) and found[1].path.endswith("locked")
     assert "Permission denied" in found[1].message
 
@@ -426,7 +426,7 @@ def test_closed_pipe_exits_with_the_status_of_sigpipe():
 def test_fifo_in_a_directory_is_passed_over(tmp_path: Path):
     small_trace(tmp_path / "t.json")
     os.mkfifo(tmp_path / "waiting.json")
-    assert list(read.discover([str(tmp_path)])) == [(str(tmp_path / "t.json"), True)]
+    assert list(read.discover([str(tmp_path)])) == [(str(tmp_path / "t.json"), str(tmp_path))]
     result = run("lint", "--format", "json", str(tmp_path), "--fail-on", "never")
     assert result.exit_code == 0 and orjson.loads(result.stdout)["summary"]["traces"] == 1
 

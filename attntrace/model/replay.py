@@ -31,6 +31,7 @@ import polars as pl
 from attntrace.model import optree
 from attntrace.model.critical_path import COPIES, CpuTimeline, Placement, cpu_timeline, walk
 from attntrace.model.intervals import busy_us
+from attntrace.model.plain import collect_plain
 from attntrace.model.tables import GRAPH_LAUNCH_APIS
 
 # Calls that block the host until the device is done: synchronize calls and synchronous copies.
@@ -235,8 +236,8 @@ class Replay:
             pl.len().alias("steps"), RECORDED_STEP.median().alias("recorded_us"),
             pl.col("est_step_us", "gpu_busy_us", "est_idle_us", "profiler_cpu_us", "cpu_us").median())
         lift = (pl.min_horizontal("cpu_us", "recorded_us") - pl.col("est_step_us")).clip(lower_bound=0.0)
-        return (medians.with_columns(pl.col("est_step_us") + lift, pl.col("est_idle_us") + lift)
-                .drop("cpu_us").sort("device").collect())
+        return collect_plain(medians.with_columns(pl.col("est_step_us") + lift, pl.col("est_idle_us") + lift)
+                             .drop("cpu_us").sort("device"))
 
 
 def _is_blocking(name: str, dur: float, own_copy_end: float | None, end: float) -> bool:

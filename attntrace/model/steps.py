@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from attntrace.model.plain import collect_plain
+
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 # Markers that recur once per training iteration, and whether they open or close it.
 ITERATION_MARKERS = (
@@ -228,6 +230,6 @@ def assign(frame: pl.DataFrame, windows: pl.DataFrame, by_process: bool = True) 
     joined = left.join_asof(right, left_on="ts", right_on="w_ts", by=by or None, strategy="backward",
                             check_sortedness=False)
     step = joined.sort("row").select(pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("step")).alias("step"))
-    stepped = step.collect().to_series()
+    stepped = collect_plain(step).to_series()
     out = frame.with_columns(stepped) if "step" in frame.columns else frame.hstack([stepped])
     return out if out["idx"].is_sorted() else out.sort("idx")

@@ -23,6 +23,7 @@ from typing import Any, overload
 import msgspec
 import polars as pl
 
+from attntrace.model.plain import collect_plain
 from attntrace.read import workers
 from attntrace.read.buffers import let_go, read_span, reread
 from attntrace.read.decoding import (
@@ -493,7 +494,7 @@ def _derive(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
                  *volumes)
     elif kind == "python":
         derived = derived.select("idx", "name", "pid", "tid", "ts", "end")
-    return derived.collect()
+    return collect_plain(derived)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -13,6 +13,7 @@ import polars as pl
 from attntrace.model import links, optree, taxonomy
 from attntrace.model.intervals import busy_us
 from attntrace.model.measured import Calibration, Measured, Spread, calibrate, scaled, spread_for
+from attntrace.model.plain import collect_plain
 from attntrace.model.replay import INDUCTOR_KERNEL_OP, Change, ProfilerCosts, Replay, replay
 from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.model.whatif import WallSaving, sample_steps, wall_savings
@@ -209,7 +210,7 @@ class Trace:
         for part in (total.lazy(), compute.lazy(), communication.lazy(), kernels.lazy(), counts, launches):
             table = table.join(part.with_columns(pl.col("device").cast(pl.Int64)), on=keys, how="left",
                                nulls_equal=True)
-        return table.with_columns(
+        return collect_plain(table.with_columns(
             pl.col("cpu_us", "gpu_busy_us", "compute_us", "comm_us", "kernel_us", "compute_kernel_us", "launch_cpu_us")
             .cast(pl.Float64).fill_null(0.0),
             pl.col("kernels", "memcpy", "memset", "launches").fill_null(0).cast(pl.Int64),
@@ -220,7 +221,7 @@ class Trace:
             pl.max_horizontal("cpu_us", "gpu_busy_us").alias("step_us"),
         ).select("step", "device", "cpu_us", "gpu_busy_us", "compute_us", "comm_us", "overlap_us", "kernels",
                  "memcpy", "memset", "kernel_us", "compute_kernel_us", "launches", "launch_cpu_us", "capture", "step_us"
-                 ).sort(keys, nulls_last=True).collect()
+                 ).sort(keys, nulls_last=True))
 
     def _cpu_windows(self, windows: pl.DataFrame, rows: pl.LazyFrame) -> pl.LazyFrame:
         """The CPU window of each (step, device): that of the device's driving process, else the step's first."""
