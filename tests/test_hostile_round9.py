@@ -143,6 +143,36 @@ def test_ctrl_c_while_a_worker_starts_stops_the_run(tmp_path: Path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# A parent whose fork server is up and has forked a worker, killed by SIGKILL: nothing of it runs at its end.
+_KILLED_WITH_A_SERVER = """
+import os, signal
+from attntrace.read import workers
+workers.warm_up()
+workers.SharingPool(1, 1).submit(abs, 1).result()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_parent_leaves_no_folder_of_its_workers():
+    # multiprocessing's folder of the parent (/tmp/pymp-*, the fork server's socket) is removed by the parent's own
+    # exit: a SIGKILL left one behind at every kill.
+    pytest.importorskip("polars")
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="at", dir="/tmp"))  # short: the socket's path must fit 108 bytes
+    try:
+        done = subprocess.run([sys.executable, "-c", _KILLED_WITH_A_SERVER], env={**_env(), "TMPDIR": str(temp)},
+                              capture_output=True, timeout=60)
+        assert done.returncode == -signal.SIGKILL, done.stderr
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and os.listdir(temp):
+            time.sleep(0.1)
+        assert os.listdir(temp) == []
+    finally:
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
 # In the fork server alone (its environment names its parent), every fork fails as under `ulimit -u`.
 _SERVER_CANNOT_FORK = """
 import os

@@ -6,13 +6,16 @@ Used by `--jobs` (a trace per worker) and by the parallel decode of one large tr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
@@ -34,6 +37,8 @@ _context: BaseContext | None = None
 # The pid of the process that starts the fork server, given to the server in its environment: the server dies
 # with that process (below), and the workers it forks die with the server (die_with_parent).
 SPAWNER_ENV = "ATTNTRACE_SERVER_SPAWNER"
+SPAWNER_TEMPDIR_ENV = "ATTNTRACE_SERVER_TEMPDIR"  # and multiprocessing's folder of that process
+ORPHANED_WITHIN_S = 0.5  # how long a server told of its parent's end waits to see itself orphaned
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -202,15 +207,15 @@ def _leave_on_sigterm(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def _kill_me_when_parent_dies() -> bool:
-    """Ask Linux to SIGKILL this process when its parent ends (PR_SET_PDEATHSIG); False where it cannot."""
+def _kill_me_when_parent_dies(signum: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send this process `signum` when its parent ends (PR_SET_PDEATHSIG); False where it cannot."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+        return bool(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -239,10 +244,35 @@ def _die_with_spawner() -> None:
         # stdout held open (a caller waiting for it hung).
         os._exit(1)
     sys.excepthook = _server_error_in_one_line
-    if _kill_me_when_parent_dies():
-        _server_pid = os.getpid()  # what a worker forked from here sees as its parent
-        if os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
-            os._exit(1)
+    _server_pid = os.getpid()  # what a worker forked from here sees as its parent
+    signal.signal(signal.SIGTERM, _leave_with_the_parent)
+    atexit.register(_remove_the_folder_of_a_dead_parent)
+    if not _kill_me_when_parent_dies(signal.SIGTERM):
+        _server_pid = None
+    elif os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
+        os._exit(1)
+
+
+def _leave_with_the_parent(signum: int, frame: object) -> None:
+    """The fork server's SIGTERM: its parent is gone (PR_SET_PDEATHSIG), or stops it. A process forked from here
+    that gets it before its own handler is set leaves as by the default action."""
+    _remove_the_folder_of_a_dead_parent()
+    os._exit(128 + signum)
+
+
+def _remove_the_folder_of_a_dead_parent() -> None:
+    """In the fork server, at its end: a parent gone for good (a SIGKILL) left multiprocessing's folder of it
+    (/tmp/pymp-*, this server's socket), which its own exit removes; removed here. The server ends by the signal
+    above or, as often, first by multiprocessing's own way (the parent's end of a pipe closed) through atexit."""
+    folder = os.environ.get(SPAWNER_TEMPDIR_ENV)
+    if os.getpid() != _server_pid or not folder:
+        return
+    # The parent's death signal comes before this process is given its new parent: a moment for that.
+    deadline = time.monotonic() + ORPHANED_WITHIN_S
+    while os.environ.get(SPAWNER_ENV) == str(os.getppid()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if os.environ.get(SPAWNER_ENV) != str(os.getppid()):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _server_error_in_one_line(kind: type[BaseException], error: BaseException, trace: TracebackType | None
@@ -283,9 +313,15 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, util
 
     server_env = {SPAWNER_ENV: str(os.getpid())}
+    try:
+        server_env[SPAWNER_TEMPDIR_ENV] = util.get_temp_dir()  # made now, or by ensure_running below
+    except OSError:
+        if strict:
+            raise
+        return
     if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
         server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
     with sigint_ignored(), _environment(server_env), _on_start_cores():
