@@ -399,28 +399,28 @@ class Trace:
         else:
             by_time = assign(linked.drop("launch_step"), self.steps, by_process=False).select(
                 "idx", pl.col("step").alias("time_step"))
-        linked = (linked.join(by_time, on="idx", how="left")
-                  .with_columns(pl.coalesce("launch_step", "time_step").alias("step"))
-                  .drop("launch_step", "time_step").sort("idx"))
-        return linked
+        return collect_plain(linked.lazy().join(by_time.lazy(), on="idx", how="left")
+                             .with_columns(pl.coalesce("launch_step", "time_step").alias("step"))
+                             .drop("launch_step", "time_step").sort("idx"))
 
     @cached_property
     def launches_on_devices(self) -> pl.DataFrame:
         """launches_linked with the device its GPU work ran on; a launch whose work is not in the trace goes to
         its process's device (null when the process drives none or several)."""
-        ran_on = (self.gpu_linked.filter(pl.col("launch").is_not_null())
+        ran_on = (self.gpu_linked.lazy().filter(pl.col("launch").is_not_null())
                   .select(pl.col("launch").alias("idx"), "device").unique("idx", keep="first"))
         by_process: dict[str, list[int]] = {}
         for device, pid in self.device_process.items():
             by_process.setdefault(pid, []).append(device)
-        own = pl.DataFrame({"proc": list(by_process), "proc_device": [d[0] if len(d) == 1 else None
+        own = pl.LazyFrame({"proc": list(by_process), "proc_device": [d[0] if len(d) == 1 else None
                                                                        for d in by_process.values()]},
                            schema={"proc": pl.String, "proc_device": pl.Int64})
-        return (self.launches_linked.join(ran_on, on="idx", how="left")
-                .with_columns(pl.col("pid").cast(pl.String).alias("proc"))
-                .join(own, on="proc", how="left")
-                .with_columns(pl.coalesce(pl.col("device").cast(pl.Int64), "proc_device").alias("device"))
-                .drop("proc", "proc_device").sort("idx"))
+        return collect_plain(self.launches_linked.lazy().join(ran_on, on="idx", how="left")
+                             .with_columns(pl.col("pid").cast(pl.String).alias("proc"))
+                             .join(own, on="proc", how="left")
+                             .with_columns(pl.coalesce(pl.col("device").cast(pl.Int64), "proc_device")
+                                           .alias("device"))
+                             .drop("proc", "proc_device").sort("idx"))
 
     # --- op tree ----------------------------------------------------------------------------------
     @cached_property
