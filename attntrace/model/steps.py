@@ -72,31 +72,34 @@ def _frame(pids: list[str | None], steps: list[int], ts: list[float], end: list[
 
 
 def _from_markers(ops: pl.DataFrame, notes: list[str]) -> Steps | None:
-    marks = ops.filter(pl.col("name").str.starts_with("ProfilerStep#")).with_columns(
-        pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").alias("number"))
-    if not marks.height:
-        return None
-    numbered = marks.with_columns(pl.col("number").cast(pl.Int64, strict=False).alias("step"))
-    unreadable = numbered.filter(pl.col("step").is_null()).height
-    if unreadable:
-        notes.append(f"{unreadable} ProfilerStep marker(s) with a step number that is not a 64-bit integer ignored")
-    numbered = numbered.filter(pl.col("step").is_not_null())
+    # Three plain queries (collect_plain), not a dozen: this runs for every trace, and a query's fixed cost is most
+    # of a small trace's time.
+    numbered = collect_plain(ops.lazy().filter(pl.col("name").str.starts_with("ProfilerStep#")).select(
+        "pid", "ts", "end",
+        pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64, strict=False).alias("step")))
     if not numbered.height:
         return None
-    windows = (numbered.select(pl.col("pid").cast(pl.String), "step", "ts", "end")
-               .sort(["pid", "step", "ts"]).unique(["pid", "step"], keep="first", maintain_order=True)
-               .with_columns(pl.lit(False).alias("capture")).sort(["pid", "ts", "step"]))
-    repeated = numbered.height - windows.height
+    unreadable = numbered["step"].null_count()
+    if unreadable:
+        notes.append(f"{unreadable} ProfilerStep marker(s) with a step number that is not a 64-bit integer ignored")
+    readable = numbered.height - unreadable
+    if not readable:
+        return None
+    windows = collect_plain(numbered.lazy().filter(pl.col("step").is_not_null())
+                            .select(pl.col("pid").cast(pl.String), "step", "ts", "end")
+                            .sort(["pid", "step", "ts"]).unique(["pid", "step"], keep="first", maintain_order=True)
+                            .with_columns(pl.lit(False).alias("capture")).sort(["pid", "ts", "step"]).cast(SCHEMA))
+    repeated = readable - windows.height
     if repeated:  # said, not silent: every marker named ProfilerStep#2 read as one step holding all the work
         notes.append(f"{repeated} ProfilerStep marker(s) repeating a step number of their process ignored (the "
                      "first of each number kept)")
     # A marker inside another one of its process (a nested ProfilerStep) is not a step of its own.
-    nested = pl.col("end") <= pl.col("end").cum_max().shift(1).over("pid")
-    inner = windows.filter(nested.fill_null(False)).height
+    nested = windows.select((pl.col("end") <= pl.col("end").cum_max().shift(1).over("pid")).fill_null(False))
+    inner = int(nested.to_series().sum())
     if inner:
         notes.append(f"{inner} ProfilerStep marker(s) nested in another one ignored")
-        windows = windows.filter(~nested.fill_null(False))
-    return Steps(windows.cast(SCHEMA), "markers", "ProfilerStep#N", notes)  # type: ignore[arg-type]
+        windows = windows.filter(~nested.to_series())
+    return Steps(windows, "markers", "ProfilerStep#N", notes)
 
 
 def _inferred(ops: pl.DataFrame, op_parent: list[int | None], notes: list[str]) -> Steps | None:
