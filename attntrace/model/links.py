@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from attntrace.model.plain import collect_plain
 from attntrace.model.tables import GRAPH_LAUNCH_APIS
 
 
@@ -46,10 +47,10 @@ def link_gpu(gpu: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
     """`gpu` with launch (index), op, launch_step, launch_api and launch_pid of its launch call (null if none).
 
     `launches` carries idx, pid, ts, correlation, op, step and name."""
-    keyed = launches.filter(pl.col("correlation").is_not_null()).select(
+    keyed = collect_plain(launches.lazy().filter(pl.col("correlation").is_not_null()).select(
         pl.col("idx").alias("launch"), "correlation", "op", pl.col("step").alias("launch_step"),
         pl.col("name").alias("launch_api"), pl.col("pid").cast(pl.String).alias("launch_pid"),
-        pl.col("ts").alias("launch_ts"))
+        pl.col("ts").alias("launch_ts")))
     cand = _candidates(gpu.select("idx", "correlation", "device", "ts"), keyed)
     fanout = cand.group_by("idx").len()
     if fanout.height and fanout["len"].max() > 1:  # type: ignore[operator]
@@ -63,7 +64,7 @@ def _candidates(gpu: pl.DataFrame, keyed: pl.DataFrame) -> pl.DataFrame:
     one. Where a process reuses an id (a hostile or broken trace: 5,000 launches and kernels of one id were 25M
     pairs, 9.7 GB), only its launch nearest before the event is kept, else its nearest after, which is the one
     _disambiguate would pick among them."""
-    reused = keyed.group_by("correlation", "launch_pid").len().filter(pl.col("len") > 1)
+    reused = collect_plain(keyed.lazy().group_by("correlation", "launch_pid").len().filter(pl.col("len") > 1))
     if not reused.height:
         return gpu.join(keyed, on="correlation", how="inner")
     processes = keyed.select("correlation", "launch_pid").unique(maintain_order=True)
@@ -119,16 +120,18 @@ def _graph_replays(linked: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame
 
 def gpu_step_windows(gpu: pl.DataFrame, gpu_annotations: pl.DataFrame) -> pl.DataFrame:
     """idx -> step of GPU events by the GPU-side ProfilerStep window on their device that they start in."""
-    marks = (gpu_annotations
-             .with_columns(pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64, strict=False)
-                           .alias("time_step"),
-                           pl.col("pid").cast(pl.Int64, strict=False).alias("device"))
-             .filter(pl.col("time_step").is_not_null())
-             .select("device", "time_step", pl.col("ts").alias("w_ts"), pl.col("end").alias("w_end")).sort("w_ts"))
+    # Two plain queries (collect_plain), not eight: this runs for every trace with steps.
+    marks = collect_plain(
+        gpu_annotations.lazy()
+        .with_columns(pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64, strict=False)
+                      .alias("time_step"),
+                      pl.col("pid").cast(pl.Int64, strict=False).alias("device"))
+        .filter(pl.col("time_step").is_not_null())
+        .select("device", "time_step", pl.col("ts").alias("w_ts"), pl.col("end").alias("w_end")).sort("w_ts"))
     if not marks.height or not gpu.height:
         return gpu.select("idx", pl.lit(None, dtype=pl.Int64).alias("time_step"))
-    left = gpu.select("idx", "ts", pl.col("device").cast(pl.Int64)).sort("ts")
-    joined = left.join_asof(marks, left_on="ts", right_on="w_ts", by="device", strategy="backward",
+    left = gpu.lazy().select("idx", "ts", pl.col("device").cast(pl.Int64)).sort("ts")
+    joined = left.join_asof(marks.lazy(), left_on="ts", right_on="w_ts", by="device", strategy="backward",
                             check_sortedness=False)
-    return joined.select("idx", pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("time_step"))
-                         .alias("time_step"))
+    return collect_plain(joined.select("idx", pl.when(pl.col("ts") <= pl.col("w_end")).then(pl.col("time_step"))
+                                       .alias("time_step")))
