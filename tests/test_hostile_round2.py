@@ -357,7 +357,7 @@ def _as_a_shell_starts_it() -> None:
 
 def _wait_until_it_answers_ctrl_c(pid: int) -> None:
     """Wait while the CLI ignores SIGINT: it does for the moment it starts worker processes, so that they start
-    ignoring it (workers.sigint_ignored), and a Ctrl-C then is lost by design. Under load that moment is long
+    ignoring it (workers.interrupts_ignored), and a Ctrl-C then is lost by design. Under load that moment is long
     enough for the test's signal to fall in it (seen once: the CLI then waited out its FIFO and exited 2)."""
     status = Path(f"/proc/{pid}/status")
     for _ in range(600):

@@ -156,7 +156,7 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BA
     start = 0
     while start < len(batches):
         try:
-            with workers.sigint_ignored():
+            with workers.interrupts_ignored():
                 pool = _pool(min(jobs, len(batches) - start))
         except (OSError, NotImplementedError):
             # No worker processes here (no /dev/shm, a sandbox): analyse in this process instead.
@@ -210,15 +210,16 @@ def _pooled(todo: list[str], work: Callable[[str], T], jobs: int, most: int = BA
 def _alone(path: str, work: Callable[[str], T]) -> T | InputError:
     """One trace in a worker of its own (the machine to itself): its result, or its error when that worker dies
     too."""
+    pool: ProcessPoolExecutor | None = None
     try:
-        with workers.sigint_ignored():
+        with workers.interrupts_ignored():
             pool = _pool(1)
         with workers.worker_starts():
             future = pool.submit(_call, (path, work))
             # Kept now: a broken pool may let go of its process list before the error is looked at.
             processes = list((getattr(pool, "_processes", None) or {}).values())
     except (OSError, EOFError, NotImplementedError):  # no worker processes any more: analyse it here
-        if "pool" in locals():
+        if pool is not None:
             _stop(pool)
         return guarded(path, work)
     try:

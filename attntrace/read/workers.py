@@ -80,10 +80,10 @@ class SharingPool(ProcessPoolExecutor):
 
 
 def start_worker(slot: int, processes: int, jobs: int) -> None:
-    """A worker's initializer: Ctrl-C is left to the parent (ignore_sigint), and the worker keeps to its slot's
+    """A worker's initializer: Ctrl-C is left to the parent (ignore_interrupts), and the worker keeps to its slot's
     share of the cores."""
     global CONCURRENT_JOBS
-    ignore_sigint()
+    ignore_interrupts()
     CONCURRENT_JOBS = jobs
     if processes:
         take_share_of_cores(slot, processes)
@@ -157,7 +157,7 @@ GROUP_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
+def interrupts_ignored() -> Iterator[None]:
     """Start processes with SIGINT and SIGHUP ignored, a disposition they keep through exec and fork, so that a
     Ctrl-C while one starts cannot print its traceback; this process answers them for all. (A blocked mask is not
     enough: a spawned interpreter gets the signal.) A Ctrl-C in these few milliseconds is lost; any later one
@@ -179,15 +179,15 @@ def worker_starts() -> Iterator[None]:
     """Around a call that may start a worker (a pool's submit). A worker forked by the fork server (which its pool
     started with SIGINT and SIGHUP ignored: the workers inherit that) needs nothing held, and nothing is: its start
     waits for the server's imports, up to a second on a busy machine, and a Ctrl-C in that wait was lost (the run
-    went on to its end). A spawned worker is a fresh interpreter, started with them ignored (sigint_ignored)."""
+    went on to its end). A spawned worker is a fresh interpreter, started with them ignored (interrupts_ignored)."""
     if context().get_start_method() == "forkserver":
         yield
         return
-    with sigint_ignored():
+    with interrupts_ignored():
         yield
 
 
-def ignore_sigint() -> None:
+def ignore_interrupts() -> None:
     """A worker's initializer: Ctrl-C and a hang-up reach the whole process group; the parent answers them. The
     worker also dies with its parent (die_with_parent), and leaves on SIGTERM (the parent stopping its pool)
     without the temporary files of the outputs it was writing (_leave_on_sigterm)."""
@@ -324,7 +324,7 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
         return
     if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
         server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
-    with sigint_ignored(), _environment(server_env), _on_start_cores():
+    with interrupts_ignored(), _environment(server_env), _on_start_cores():
         if strict:
             forkserver.ensure_running()
             return
