@@ -259,3 +259,29 @@ def test_small_frames_merge_in_python_as_polars_does(seed: int, monkeypatch: pyt
         assert a.schema == b.schema and a.rows() == b.rows()
     for a, b in zip(small_busy, [intervals.busy_us(frame, by) for by in (["step"], [], ["group"])], strict=True):
         assert a.schema == b.schema and a.rows() == b.rows()
+
+
+def test_kernel_classes_remembered_across_traces_match_a_fresh_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-process memory of kernel classes gives what polars' match gives, for names seen before, new
+    names, nulls, a memory that fills up, and a trace with more names than are remembered."""
+    import polars as pl
+
+    from attntrace.model import taxonomy as tx
+
+    fresh = tx.Taxonomy(tx.load().classes)
+    names = ["ampere_sgemm_128x64_nn", "void at::native::elementwise_kernel<128, 4>", None,
+             "flash_fwd_kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "my_own_kernel", "Memcpy HtoD"]
+    expected = fresh._matched(pl.Series(names, dtype=pl.String)).to_list()
+    assert fresh.classify_all(pl.Series(names[:3], dtype=pl.String)).to_list() == expected[:3]
+    assert fresh.classify_all(pl.Series(names[::-1], dtype=pl.String)).to_list() == expected[::-1]
+    assert fresh.known == dict(zip(names, expected, strict=True))
+    monkeypatch.setattr(tx, "KNOWN_NAMES_KEPT", 4)
+    fresh.known.clear()
+    assert fresh.classify_all(pl.Series(names[:3], dtype=pl.String)).to_list() == expected[:3]
+    # Three remembered, four new: the memory is emptied first, and both old and new names are answered.
+    assert fresh.classify_all(pl.Series(names[::-1], dtype=pl.String)).to_list() == expected[::-1]
+    assert fresh.known == dict(zip(names[3:], expected[3:], strict=True))
+    monkeypatch.setattr(tx, "REMEMBERED_UP_TO", 2)
+    fresh.known.clear()
+    assert fresh.classify_all(pl.Series(names, dtype=pl.String)).to_list() == expected
+    assert not fresh.known
