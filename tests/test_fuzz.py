@@ -48,6 +48,9 @@ mutation = st.one_of(
 
 def mutate(doc: dict, ops: list[tuple]) -> dict:
     doc = copy.deepcopy(doc)
+    # st.just gives one object to every example: a value put into the trace is a copy, or a later mutation of its
+    # event would change the strategy's value itself (it became a dict that holds itself).
+    ops = [tuple(copy.deepcopy(part) if isinstance(part, dict | list) else part for part in op) for op in ops]
     events = doc["traceEvents"]
     for op in ops:
         kind = op[0]
