@@ -62,6 +62,12 @@ def _remove_pool_directory() -> None:
 
 def entry() -> None:
     from attntrace.allocator import return_freed_pages_sooner
+    from attntrace.cores import threads_setting_problem
+
+    problem = threads_setting_problem()
+    if problem:
+        sys.stderr.write(f"error: {problem}\n")
+        sys.exit(2)
 
     return_freed_pages_sooner()  # before polars is loaded, here or in the server that forks the workers
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored

@@ -9,12 +9,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from attntrace.checks.config import Settings
 from attntrace.formats import FORMATS
+
+T = TypeVar("T")
 
 SEVERITIES = ("error", "warning", "info")
 PathLike = str | os.PathLike[str]
@@ -417,18 +419,15 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     """`attntrace summary` of one trace. Raises TraceReadError (one line, naming the file) when it cannot
     be read. config: a TOML file whose [tool.attntrace.profiler_cost] costs replay the step, as lint's `config`."""
     from attntrace.model.loading import load
-    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
     name = os.fspath(path)
     settings = build_settings(config=config)
-    try:
-        data = {"path": name, **summarize_trace(load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)),
-                                                settings, with_path=True)}
-    except TraceError as exc:
-        raise TraceReadError(f"{name}: {exc.message}") from None
-    except OSError as exc:
-        raise TraceReadError(f"{name}: {exc.strerror or exc}") from None
+    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+    # guarded, as lint's inputs are: JSON nested 10,000 deep or a full memory is this file's one line too.
+    data = _one_line_on_failure(name, lambda p: {"path": name, **summarize_trace(load(p, options), settings,
+                                                                                 with_path=True)})
     return Summary(name, data.get("device"), int(data.get("steps") or 0), float(data.get("gpu_busy_us") or 0.0),
                    int(data.get("kernels") or 0), int(data.get("memcpy") or 0), int(data.get("launches") or 0),
                    list(data.get("attention_backends") or []), data)
@@ -447,6 +446,16 @@ def write_run_report(out_dir: Path, run: dict[str, Any], lint_traces: bool = Tru
     return target
 
 
+def _one_line_on_failure(name: str, work: Callable[[str], T]) -> T:
+    """`work` on one trace, whose failure to be read (or any other) is a TraceReadError of one line naming it."""
+    from attntrace.model.loading import InputError, guarded
+
+    result = guarded(name, work)
+    if isinstance(result, InputError):
+        raise TraceReadError(f"{name}: {result.message}")
+    return result
+
+
 def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
            pin_copies: bool = False, graph: bool = False, offload_loader: bool = False,
            config: PathLike | None = None, max_size: int | None = None, salvage: bool = False) -> dict[str, Any]:
@@ -457,17 +466,18 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.model.critical_path import summarize as summarize_paths
     from attntrace.model.loading import load
     from attntrace.model.whatif import as_json, change_for, describe, kernel_classes
-    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, TraceError
+    from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
     name = os.fspath(path)
-    try:
-        trace = load(name, ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage))
-        summary = summarize_trace(trace, build_settings(config=config))
-    except TraceError as exc:
-        raise TraceReadError(f"{name}: {exc.message}") from None
-    except OSError as exc:
-        raise TraceReadError(f"{name}: {exc.strerror or exc}") from None
+    settings = build_settings(config=config)
+    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+
+    def read_and_summarize(given: str) -> tuple[Any, dict[str, Any]]:
+        trace = load(given, options)
+        return trace, summarize_trace(trace, settings)
+
+    trace, summary = _one_line_on_failure(name, read_and_summarize)
     unknown = sorted(set(speedup or {}) - set(kernel_classes(trace)))
     if unknown:
         raise ValueError(f"{name}: no kernels of class {', '.join(unknown)} in this trace (it has: "

@@ -40,6 +40,26 @@ def polars_threads(cores: int) -> int:
     return 1 if cores <= ONE_THREAD_CORES else cores
 
 
+def most_polars_threads() -> int:
+    """The most polars threads a run accepts: polars starts them all at once, and 4,096 on a 2-core machine did
+    not finish a small trace in 30 s (256 took 2.3 s)."""
+    return max(256, 4 * (os.cpu_count() or 1))
+
+
+def threads_setting_problem() -> str | None:
+    """What is wrong with the user's POLARS_MAX_THREADS, for a one-line error before polars is loaded: 0 made
+    polars panic at its first query (a Rust backtrace), and a huge count never finished. Text that is not a
+    whole number polars itself passes over (it takes its default)."""
+    value = os.environ.get(POLARS_THREADS_ENV, "").strip()
+    if not value.lstrip("+-").isdecimal() or not value.isascii():
+        return None
+    count = int(value)
+    if 1 <= count <= most_polars_threads():
+        return None
+    return (f"{POLARS_THREADS_ENV}={value} is not a number of threads polars can run here (1 to "
+            f"{most_polars_threads()}); unset it to let attntrace choose")
+
+
 def keep_to_one_core() -> None:
     """For a command-line run, before polars is loaded: where this machine has few cores, run polars on one
     thread, and this process on the first core. Does nothing where the user set POLARS_MAX_THREADS, where polars
