@@ -458,11 +458,13 @@ def _one_line_on_failure(name: str, work: Callable[[str], T]) -> T:
 
 def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
            pin_copies: bool = False, graph: bool = False, offload_loader: bool = False,
-           config: PathLike | None = None, max_size: int | None = None, salvage: bool = False) -> dict[str, Any]:
+           config: PathLike | None = None, max_size: int | None = None, salvage: bool = False,
+           settings: Settings | None = None) -> dict[str, Any]:
     """`attntrace whatif`: the trace's steps replayed without the profiler, before and after a change (kernel
     classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
-    the critical path before. Raises TraceReadError (one line) when the trace cannot be read, ValueError for a
-    class the trace does not have."""
+    the critical path before. settings: built already (the command line's, from --config or the nearest
+    pyproject.toml), in place of `config`. Raises TraceReadError (one line) when the trace cannot be read,
+    ValueError for a class the trace does not have."""
     from attntrace.model.critical_path import summarize as summarize_paths
     from attntrace.model.loading import load
     from attntrace.model.whatif import as_json, change_for, describe, kernel_classes
@@ -470,7 +472,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.report.engine import summarize_trace
 
     name = os.fspath(path)
-    settings = build_settings(config=config)
+    settings = settings or build_settings(config=config)
     options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
 
     def read_and_summarize(given: str) -> tuple[Any, dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,85 @@ def test_a_thread_count_polars_runs_or_passes_over_is_left_to_it(threads: str):
                         env={"POLARS_MAX_THREADS": threads})
     assert result.returncode in (0, 1), result.stderr
     assert json.loads(result.stdout)["summary"]["traces"] == 1
+
+
+def test_whatif_with_a_bad_config_or_a_bad_pyproject_is_one_line(tmp_path: Path):
+    # A traceback with exit 1 for --config; the nearest pyproject.toml was not read at all.
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tool.attntrace.profiler_cost]\ncpu_op_us = -1.0\n")
+    result = _attntrace("whatif", sample("bf16_causal_fwd/naive"), "--config", str(bad))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {bad}: ")
+    (tmp_path / "pyproject.toml").write_text("[tool.attntrace\n")
+    result = subprocess.run([sys.executable, "-m", "attntrace", "whatif", sample("bf16_causal_fwd/naive")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "pyproject.toml" in result.stderr
+
+
+@pytest.mark.parametrize("factor", ["nan", "inf", "1e400"])
+def test_whatif_refuses_a_speed_up_that_is_no_number(factor: str):
+    # nan was accepted, and a 1.2 ms step came out at 0.037 ms.
+    result = _attntrace("whatif", sample("bf16_causal_fwd/naive"), "--speedup", f"gemm_fp32_simt={factor}")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "the factor must be a finite number" in result.stderr
+
+
+def _export(tmp_path: Path, name: str, *statements: str) -> Path:
+    from nsys_build import TF32_GEMM, Export, Kernel
+
+    path = Export(kernels=[Kernel(TF32_GEMM, 100.0 * (i + 1), 50.0) for i in range(4)]).write(
+        tmp_path / name)
+    with sqlite3.connect(path) as export:
+        for statement in statements:
+            export.execute(statement)
+    return path
+
+
+def test_a_wal_mode_export_is_read_without_files_made_beside_it(tmp_path: Path):
+    # A WAL export got -shm and -wal files made beside it, and in a read-only folder it was refused.
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    path = _export(folder, "w.sqlite")
+    with sqlite3.connect(path) as export:
+        export.execute("PRAGMA journal_mode=WAL")
+    before = sorted(os.listdir(folder))
+    result = _attntrace("lint", str(path), "--format", "json")
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["traces"][0]["error"] is None
+    assert sorted(os.listdir(folder)) == before == ["w.sqlite"]
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    ("UPDATE TARGET_INFO_GPU SET id = 'x'", "an Nsight Systems export holding a value Nsight does not write"),
+    ("UPDATE META_DATA_EXPORT SET value = '³.24' WHERE name = 'EXPORT_SCHEMA_VERSION'", "schema version ³.24"),
+    ("UPDATE META_DATA_EXPORT SET value = '" + "9" * 5000 + "' WHERE name = 'EXPORT_SCHEMA_VERSION'",
+     "schema version 9999"),
+])
+def test_odd_values_in_an_export_are_the_files_problem_not_an_internal_error(tmp_path: Path, edit: str, said: str):
+    # Each was "internal error (ValueError/KeyError/InvalidOperationError ...); please report it".
+    bad = _export(tmp_path, "edited.sqlite", edit)
+    good = _export(tmp_path, "good.sqlite")
+    result = _attntrace("lint", str(bad), str(good), "--format", "json", "--fail-on", "never")
+    assert result.returncode == 2
+    errors = result.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}: ") and said in errors[0], errors
+    assert "internal error" not in errors[0] and len(errors[0]) < 400
+    assert [t["error"] is None for t in json.loads(result.stdout)["traces"]] == [False, True]
+
+
+def test_text_in_an_nvtx_event_type_id_is_passed_over(tmp_path: Path):
+    # ENUM_NSYS_EVENT_TYPE.id = 'abc' was "internal error (ValueError: invalid literal for int() ...)".
+    from nsys_build import TF32_GEMM, Export, Kernel
+
+    path = Export(kernels=[Kernel(TF32_GEMM, 20.0, 50.0)],
+                  ranges=[("ProfilerStep#1", 0.0, 100.0), ("aten::mm, op_id = 1", 10.0, 80.0)]).write(
+        tmp_path / "enum.sqlite")
+    with sqlite3.connect(path) as export:
+        export.execute("DROP TABLE ENUM_NSYS_EVENT_TYPE")  # remade without its INTEGER id, as a hand edit may
+        export.execute("CREATE TABLE ENUM_NSYS_EVENT_TYPE (id, name)")
+        export.execute("INSERT INTO ENUM_NSYS_EVENT_TYPE (id, name) VALUES ('abc', 'NvtxPushPopRange')")
+    result = _attntrace("lint", str(path), "--format", "json")
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["traces"][0]["error"] is None

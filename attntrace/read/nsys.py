@@ -94,18 +94,40 @@ def read_export(path: str, data: Buffer | None = None) -> RawTrace:
             return _read(connection, path, len(data) if data is not None else os.path.getsize(path))
     except sqlite3.Error as exc:
         raise TraceError(*_sqlite_problem(exc)) from None
+    except (ValueError, TypeError, KeyError, OverflowError, pl.exceptions.PolarsError) as exc:
+        # SQLite keeps any value in any column: text or NULL where Nsight writes an id is the file's problem (one
+        # line naming it), not "internal error; please report it".
+        detail = " ".join(str(exc).split())[:120]
+        raise TraceError("bad-trace", "an Nsight Systems export holding a value Nsight does not write "
+                         f"({type(exc).__name__}: {detail}); export it again") from None
 
 
 def _connect(path: str, data: Buffer | None) -> sqlite3.Connection:
     if data is None:
         # mode=ro: the user's file is never written (no journal, no index, no lock beyond a reader's).
-        connection = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True,
+        immutable = "&immutable=1" if _wal_without_pending_pages(path) else ""
+        connection = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro{immutable}", uri=True,
                                      timeout=LOCK_WAIT_S, check_same_thread=False)
     else:
         connection = sqlite3.connect(":memory:", check_same_thread=False)
         connection.deserialize(bytes(data))
     connection.execute("PRAGMA query_only = ON")
     return connection
+
+
+def _wal_without_pending_pages(path: str) -> bool:
+    """Whether the file is in WAL mode (its header's read and write versions are 2) with no pages in a -wal file
+    beside it. Read as immutable, it gets no -shm and -wal files made beside it (a reader of a WAL file makes them,
+    and is refused in a read-only folder). Only then: immutable reads no -wal file's pages, and takes no locks (a
+    rollback-journal export being written is reported locked)."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(20)
+        wal = f"{path}-wal"
+        return len(header) == 20 and header[18:20] == b"\x02\x02" and (not os.path.exists(wal)
+                                                                       or os.path.getsize(wal) == 0)
+    except OSError:
+        return False
 
 
 def _sqlite_problem(exc: sqlite3.Error) -> tuple[str, str]:
@@ -120,7 +142,9 @@ def _sqlite_problem(exc: sqlite3.Error) -> tuple[str, str]:
 def _columns(connection: sqlite3.Connection) -> dict[str, set[str]]:
     """Each table's columns."""
     names = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    return {name: {row[1] for row in connection.execute(f'PRAGMA table_info("{name}")')} for name in names}
+    # A quote in a table's name (an extra table a user added) is doubled, as SQL quotes it.
+    return {name: {row[1] for row in connection.execute(f'PRAGMA table_info("{name.replace(chr(34), chr(34) * 2)}")')}
+            for name in names}
 
 
 def schema_version(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> str:
@@ -138,8 +162,9 @@ def schema_version(connection: sqlite3.Connection, tables: dict[str, set[str]]) 
         raise TraceError("unsupported", "an Nsight Systems export without a schema version (no "
                          "EXPORT_SCHEMA_VERSION in META_DATA_EXPORT): export it again with nsys 2021 or later")
     major = version.split(".", 1)[0]
-    if not major.isdigit() or int(major) != KNOWN_SCHEMA_MAJOR:
-        raise TraceError("unsupported", f"an Nsight Systems export of schema version {version}, which this reader "
+    # ASCII digits, few of them: str.isdigit takes "³", which int() refuses, and int() refuses 5,000 digits.
+    if not (major.isascii() and major.isdigit() and len(major) <= 9) or int(major) != KNOWN_SCHEMA_MAJOR:
+        raise TraceError("unsupported", f"an Nsight Systems export of schema version {version[:40]}, which this reader "
                          f"does not know (it reads schema {KNOWN_SCHEMA_MAJOR}.x)")
     return version
 
@@ -178,7 +203,8 @@ def _frame(connection: sqlite3.Connection, query: str, schema: dict[str, Any]) -
         except (pl.exceptions.PolarsError, TypeError, OverflowError) as exc:
             # SQLite keeps any value in any column: a hand-edited or damaged export's text where Nsight writes
             # integers. Polars' own message (a builder's schema advice) would read as this program's bug.
-            table = query.split(" FROM ", 1)[1].split()[0] if " FROM " in query else "a table"
+            # The table of the outer query (the last FROM): NVTX_EVENTS' query names StringIds in a sub-query.
+            table = query.rsplit(" FROM ", 1)[1].split()[0] if " FROM " in query else "a table"
             raise TraceError("bad-trace", f"{table} holds a value of the wrong type for an Nsight Systems export "
                              f"({str(exc).splitlines()[0].split(';')[0][:120]})") from None
         del rows
@@ -338,8 +364,9 @@ def _range_types(connection: sqlite3.Connection, tables: dict[str, set[str]]) ->
     if {"id", "name"} <= tables.get("ENUM_NSYS_EVENT_TYPE", set()):
         found = connection.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name IN ('NvtxPushPopRange', "
                                    "'NvtxStartEndRange') ORDER BY id").fetchall()
-        if found:
-            return tuple(int(row[0]) for row in found)
+        numbers = tuple(row[0] for row in found if isinstance(row[0], int) and not isinstance(row[0], bool))
+        if numbers:  # text, NULL or a blob in place of an id: the ids Nsight gives them
+            return numbers
     return NVTX_RANGE_TYPES
 
 
