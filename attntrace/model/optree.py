@@ -81,10 +81,19 @@ def innermost_ops(calls: pl.DataFrame, ops: pl.DataFrame, parent: list[int | Non
         strategy="backward", check_sortedness=False)
     ends = ops["end"].to_list()
     result: dict[int, int | None] = {}
+    # The calls come in time order, so an op that ended before one call ended before every later one: each op
+    # climbed past keeps a pointer to where that climb stopped, and later climbs jump there. Without it, ops
+    # that share one start nest in a chain as deep as their number, and every call climbed it (113k ops at one
+    # ts took 273 s against 4.8 s distinct).
+    above = list(parent)
     # Columns as lists rather than iter_rows: a tuple per row cost more than the climb.
     for call, call_ts, op in zip(cand["call"].to_list(), cand["call_ts"].to_list(), cand["idx"].to_list(),
                                  strict=True):
+        passed = []
         while op is not None and ends[op] < call_ts:
-            op = parent[op]
+            passed.append(op)
+            op = above[op]
+        for ended in passed:
+            above[ended] = op
         result[call] = op
     return [result.get(i) for i in calls["idx"].to_list()]
