@@ -6,7 +6,9 @@ Both traces repeat the GPT-2 training sample (14k events) until they hold about 
 correlation ids, flow ids and step numbers shifted so that every copy stays linked like the original. In the
 "one" trace every timestamp is the same (a stopped clock: durations kept, so ops nest by containment and launches
 tie with each other); in the "frozen" trace every duration is the same too (so ops tie in start and end); in the
-"distinct" trace each copy follows the previous one in time.
+"ops" trace only the CPU ops share one start (they nest in one chain as deep as their number, and the launches
+after it, at their own times, look for their op in it); in the "distinct" trace each copy follows the previous one
+in time.
 
 Run: python bench/bench_shared_ts.py [--events 60000 120000 1000000] [--repeats 1] [--tree DIR] [--timeout 300]
 """
@@ -28,14 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "sample_traces/workloads/gpt2_eager_train.pt.trace.json.gz"
 T0 = 1_000_000.0
 FROZEN_DUR = 1.0
-CLOCKS = ("distinct", "one", "frozen")
+CLOCKS = ("distinct", "one", "frozen", "ops")
 ID_KEYS = ("External id", "external id", "correlation", "Ev Idx")
 
 
 def _copy(event: dict[str, Any], k: int, span: float, id_span: int, step_span: int, clock: str) -> dict[str, Any]:
     out = dict(event)
     if isinstance(out.get("ts"), (int, float)):
-        out["ts"] = event["ts"] + k * span if clock == "distinct" else T0
+        alone = clock == "distinct" or (clock == "ops" and event.get("cat") != "cpu_op")
+        out["ts"] = event["ts"] + k * span if alone else T0
     if clock == "frozen" and isinstance(out.get("dur"), (int, float)):
         out["dur"] = FROZEN_DUR
     if isinstance(out.get("id"), int):
