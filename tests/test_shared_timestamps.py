@@ -233,7 +233,7 @@ def test_innermost_ops_with_shared_starts_match_a_plain_scan(seed: int):
     ops = pl.DataFrame({"idx": list(range(60)), "pid": [1] * 60, "tid": [rng.choice([1, 2]) for _ in range(60)],
                         "ts": starts, "end": [ts + rng.choice([1.0, 5.0, 40.0, 120.0, 300.0]) for ts in starts]})
     parent = op_parents(ops)
-    call_ts = sorted(rng.uniform(99.0, 420.0) for _ in range(80)) + [100.0, 101.0, 105.0, 140.0]
+    call_ts = [rng.uniform(99.0, 420.0) for _ in range(80)] + [100.0, 101.0, 105.0, 140.0]
     rng.shuffle(call_ts)
     calls = pl.DataFrame({"idx": list(range(len(call_ts))), "pid": [1] * len(call_ts),
                           "tid": [rng.choice([1, 2]) for _ in call_ts], "ts": call_ts})
