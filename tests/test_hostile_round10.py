@@ -150,3 +150,59 @@ def test_text_in_an_nvtx_event_type_id_is_passed_over(tmp_path: Path):
     result = _attntrace("lint", str(path), "--format", "json")
     assert result.returncode in (0, 1), result.stderr
     assert json.loads(result.stdout)["traces"][0]["error"] is None
+
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+
+
+def _cpu_only(doc: dict) -> dict:
+    """The same capture as a CPU-only one: no GPU events, no device properties."""
+    return {**{k: v for k, v in doc.items() if k != "deviceProperties"},
+            "traceEvents": [e for e in doc["traceEvents"] if e.get("cat") not in GPU_CATS]}
+
+
+@pytest.mark.parametrize("cpu_only_side", ["new", "base"])
+def test_diff_gives_no_verdict_between_an_estimate_and_a_recording(tmp_path: Path, cpu_only_side: str):
+    # A GPU trace against the same program's CPU-only capture: its step without the profiler against the other's
+    # step as recorded, called "+82.9% ... REGRESSION" (exit 1), and the other way round "-47.7% a real change".
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    doc = _naive_doc()
+    gpu, cpu = tmp_path / "gpu.json", tmp_path / "cpu.json"
+    gpu.write_text(json.dumps(doc))
+    cpu.write_text(json.dumps(_cpu_only(doc)))
+    base, new = (gpu, cpu) if cpu_only_side == "new" else (cpu, gpu)
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    step = comparison["step"]
+    assert sorted(step["basis"].values()) == ["estimated", "recorded"]
+    assert step["not_compared"].startswith("not compared: the ")
+    assert f"the {cpu_only_side} trace's only as recorded with it" in step["not_compared"]
+    assert "to compare, capture both the same way" in step["not_compared"]
+    assert step["confidence_slower"] is None and not comparison["regression"] and not comparison["outside_noise"]
+
+
+def test_diff_says_when_the_gpus_differ(tmp_path: Path):
+    # A trace stretched 1.3x and relabelled as an A100 was a REGRESSION whose only cause named was "the GPU's work
+    # changed": no device name anywhere in the output.
+    from click.testing import CliRunner
+
+    from attntrace.cli import main
+
+    doc = _naive_doc()
+    other = json.loads(json.dumps(doc))
+    for props in other["deviceProperties"]:
+        props["name"] = "NVIDIA A100-SXM4-80GB"
+    base, new, same = tmp_path / "h200.json", tmp_path / "a100.json", tmp_path / "h200_again.json"
+    base.write_text(json.dumps(doc))
+    new.write_text(json.dumps(other))
+    same.write_text(json.dumps(doc))
+    text = CliRunner().invoke(main, ["diff", str(base), str(new)]).stdout
+    assert "the GPUs differ: NVIDIA H200 -> NVIDIA A100-SXM4-80GB" in text
+    assert "the GPUs differ" not in CliRunner().invoke(main, ["diff", str(base), str(same)]).stdout
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--format", "json"])
+    comparison, = json.loads(result.stdout)["comparisons"]
+    assert comparison["devices"] == {"base": ["NVIDIA H200"], "new": ["NVIDIA A100-SXM4-80GB"]}

@@ -60,6 +60,10 @@ def _analyse(path: str, label: str, options: ReadOptions | None) -> tuple[Any, T
     return trace, lint_trace(trace)
 
 
+def _gpu_names(trace: Any) -> list[str]:
+    return sorted({name for device in trace.devices if (name := trace.device_name(device))})
+
+
 def _per_step(trace: Any, column: str) -> list[float]:
     """One value per steady-state step: the largest over the step's devices (the step lasts as its slowest)."""
     table = trace.step_table.filter(~pl.col("capture"))
@@ -91,6 +95,19 @@ def _too_few_steps(counts: dict[str, int], traces: dict[str, Any]) -> str | None
         ("capture at least 3 steps (torch.profiler.schedule(active=3) or more: the first often runs slow)")
     return (f"not compared: {' and '.join(said)}, and the test needs {MIN_STEADY_STEPS} steady steps on each side; "
             f"to compare, {fix}")
+
+
+def _different_bases(base: str, new: str) -> str | None:
+    """Why steps known on different bases get no verdict: one side without the profiler (estimated or measured),
+    the other only as recorded with it (a CPU-only trace, or steps the replay could not run). A GPU trace against
+    the same program's CPU-only one was called a REGRESSION of +83%: its estimate against the other's recording."""
+    if base == new or "recorded" not in (base, new):
+        return None
+    known, recorded = ("base", "new") if new == "recorded" else ("new", "base")
+    return (f"not compared: the {known} trace's steps are {base if known == 'base' else new} without the profiler, "
+            f"the {recorded} trace's only as recorded with it (a CPU-only trace, or steps that could not be "
+            "replayed); to compare, capture both the same way (both with CUDA activities, or both measured with "
+            "attntrace.profile)")
 
 
 def unprofiled_steps(trace: Any) -> tuple[list[float], str]:
@@ -165,7 +182,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
     not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
-                                  {"base": bt, "new": nt})
+                                  {"base": bt, "new": nt}) or _different_bases(base_basis, new_basis)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
     if not_compared:
@@ -192,6 +209,8 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "metrics": metrics,
         "step": step,
         "why": _host_or_program(metrics) if outside_noise else None,
+        # A change of GPU is part of any change seen: said beside the figures, so it is never taken for the code's.
+        "devices": {"base": _gpu_names(bt), "new": _gpu_names(nt)},
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
         "roofline": {"base": _roofline_brief(br), "new": _roofline_brief(nr)},
         "findings": {
@@ -342,6 +361,10 @@ def render(result: dict[str, Any]) -> str:
                        f"{rec_pct}{gate}")
         if c.get("why"):
             out.append(f"  why: {c['why']}")
+        devices = c.get("devices") or {}
+        if devices.get("base") and devices.get("new") and devices["base"] != devices["new"]:
+            out.append(f"  the GPUs differ: {', '.join(devices['base'])} -> {', '.join(devices['new'])} (the change "
+                       "includes the hardware's; compare on one GPU model to judge the code alone)")
         out.append("")
     out += [f"only in {'base' if u['base'] else 'new'}: {u['base'] or u['new']}"
             + ("  (unreadable)" if u["error"] else "") for u in result["unmatched"]]
