@@ -206,3 +206,29 @@ def test_diff_says_when_the_gpus_differ(tmp_path: Path):
     result = CliRunner().invoke(main, ["diff", str(base), str(new), "--format", "json"])
     comparison, = json.loads(result.stdout)["comparisons"]
     assert comparison["devices"] == {"base": ["NVIDIA H200"], "new": ["NVIDIA A100-SXM4-80GB"]}
+
+
+@pytest.mark.parametrize("pattern", ["{root}/**/*.json", "{root}/locked/*.json"])
+def test_a_pattern_names_the_folders_it_could_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       pattern: str):
+    # A recursive pattern passed over an unreadable folder in silence (exit 1, as if searched), and a pattern
+    # into one said "no trace file matches this pattern"; given as a directory, the same folder was an error.
+    from attntrace import read
+
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "t.json").write_text(json.dumps(_naive_doc()))
+    (tmp_path / "locked").mkdir()
+    real_scandir = os.scandir
+
+    def scandir(path: object = "."):  # what a search meets in a folder it may not read
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = list(read.discover([pattern.format(root=tmp_path)]))
+    errors = [f for f in found if isinstance(f, read.TraceError)]
+    assert len(errors) == 1 and errors[0].path.endswith("locked"), found
+    assert errors[0].message == "cannot read this directory (Permission denied)"
+    if "**" in pattern:
+        assert (str(tmp_path / "ok" / "t.json"), pattern.format(root=tmp_path)) in found

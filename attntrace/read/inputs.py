@@ -106,7 +106,9 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]
                 found, problems = _walk_traces(Path(folder))
                 files += found
                 yield from problems
-            if not files:
+            unreadable = _unreadable_under(given)
+            yield from unreadable
+            if not files and not unreadable:
                 yield TraceError("not-found", "no trace file matches this pattern", path=given)
             yield from ((match, given) for match in sorted(set(files)))
         else:
@@ -126,6 +128,40 @@ def _glob(pattern: str) -> list[str]:
     # pathlib's `**` never enters a linked directory (Python 3.11 and 3.12; 3.13's default is the same).
     found = Path(root).glob(rest)
     return [str(p) for p in found]
+
+
+def _pattern_root(pattern: str) -> str:
+    """The folder a pattern searches from: its path before the first component with a wildcard."""
+    magic = _GLOB.search(pattern)
+    cut = pattern.rfind("/", 0, magic.start() if magic else len(pattern))
+    return (pattern[:cut] or "/") if cut >= 0 else "."
+
+
+def _unreadable_under(pattern: str) -> list[TraceError]:
+    """The folders a pattern's search could not read, which glob passes over in silence: under its root for a
+    `**` (a walk, links not followed), else its root alone. A recursive pattern over a folder that held an
+    unreadable one reported nothing, and a pattern into an unreadable folder said that nothing matched."""
+    root = _pattern_root(pattern)
+    problems: list[TraceError] = []
+
+    def unreadable(exc: OSError) -> None:
+        problems.append(TraceError("unreadable", f"cannot read this directory ({exc.strerror or exc})",
+                                   path=exc.filename or root))
+
+    if not os.path.isdir(root):
+        return []
+    try:
+        if "**" in pattern:
+            for _folder, dirs, _files in os.walk(root, followlinks=False, onerror=unreadable):
+                dirs.sort()
+        else:
+            with os.scandir(root):
+                pass
+    except RecursionError:
+        return problems
+    except OSError as exc:
+        unreadable(exc)
+    return sorted(problems, key=lambda e: e.path or "")
 
 
 def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
