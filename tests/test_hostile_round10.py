@@ -232,3 +232,26 @@ def test_a_pattern_names_the_folders_it_could_not_read(tmp_path: Path, monkeypat
     assert errors[0].message == "cannot read this directory (Permission denied)"
     if "**" in pattern:
         assert (str(tmp_path / "ok" / "t.json"), pattern.format(root=tmp_path)) in found
+
+
+@pytest.mark.parametrize("beneath", [None, "unreachable"])
+def test_a_url_whose_host_cannot_be_reached_says_so(beneath: str | None):
+    # fsspec's HTTP backend wraps every failed request in FileNotFoundError: a failed name lookup (no DNS) or no
+    # route to the host was "no such object, bucket or prefix".
+    import errno
+    import socket
+
+    from attntrace.read.sources import _failure
+
+    cause: OSError = (socket.gaierror(-3, "Temporary failure in name resolution") if beneath is None
+                      else OSError(errno.ENETUNREACH, "Network is unreachable"))
+    try:
+        try:
+            raise cause
+        except OSError as exc:
+            raise FileNotFoundError("https://example.com/t.json.gz") from exc
+    except FileNotFoundError as wrapped:
+        error = _failure(wrapped, "https://example.com/t.json.gz", "reading")
+    assert error.message.startswith("cannot connect (")
+    assert _failure(FileNotFoundError("https://example.com/t.json.gz"), "https://example.com/t.json.gz",
+                    "reading").message == "no such object, bucket or prefix"

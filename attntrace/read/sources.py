@@ -4,8 +4,10 @@ optional extras, imported only when a URL is given."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -104,6 +106,17 @@ def _timed_out() -> TraceError:
                       f"request of up to {READ_CHUNK_BYTES >> 20} MiB took over {HTTP_REQUEST_S:g} s)")
 
 
+# A network that cannot be reached: with no route or no name server, aiohttp's error (an OSError of this errno,
+# or a name lookup's gaierror beneath it) came wrapped in FileNotFoundError, and was said as "no such object".
+NO_NETWORK = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ECONNRESET, errno.ENETDOWN,
+              errno.EHOSTDOWN, errno.ECONNABORTED}
+
+
+def _no_connection(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionError | socket.gaierror) or (isinstance(exc, OSError)
+                                                                  and exc.errno in NO_NETWORK)
+
+
 def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
     """A backend's exception as a one-line TraceError; the caller names the URL."""
     if isinstance(exc, TraceError):
@@ -118,7 +131,7 @@ def _failure(exc: BaseException, url: str, doing: str) -> TraceError:
     if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in causes):
         return _timed_out()
     if isinstance(exc, FileNotFoundError):
-        refused = next((c for c in causes if isinstance(c, ConnectionError)), None)
+        refused = next((c for c in causes if _no_connection(c)), None)
         if refused is not None:
             return TraceError("unreadable", f"cannot connect ({scrub(str(refused), url) or type(refused).__name__})")
         # An answer other than "not found" (500, 403, a redirect loop) is said as it was.
