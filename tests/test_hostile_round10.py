@@ -255,3 +255,20 @@ def test_a_url_whose_host_cannot_be_reached_says_so(beneath: str | None):
     assert error.message.startswith("cannot connect (")
     assert _failure(FileNotFoundError("https://example.com/t.json.gz"), "https://example.com/t.json.gz",
                     "reading").message == "no such object, bucket or prefix"
+
+
+@pytest.mark.parametrize(("name", "data", "said"), [
+    ("double.json.gz", "gzip-twice", "the gzip stream holds another gzip stream (compressed twice): gunzip -c "),
+    ("frame.json", "lz4", "lz4-compressed data, not a trace (attntrace reads JSON and gzip): lz4 -dc "),
+])
+def test_a_trace_compressed_twice_or_with_lz4_is_named(tmp_path: Path, name: str, data: str, said: str):
+    # Both said "not a JSON object or list (starts with ...)" or "the gzip stream does not hold JSON".
+    trace = Path(sample("bf16_causal_fwd/naive")).read_bytes()
+    path = tmp_path / name
+    # An lz4 frame's magic and header as the lz4 tool writes them (the content is not read).
+    path.write_bytes(gzip.compress(trace) if data == "gzip-twice" else b"\x04\x22\x4d\x18\x64\x40\xa7" + trace[:64])
+    result = _attntrace("lint", str(path), sample("bf16_causal_fwd/naive"), "--format", "json")
+    assert result.returncode == 2
+    errors = result.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: {path}: {said}"), errors
+    assert [t["error"] is None for t in json.loads(result.stdout)["traces"]] == [False, True]

@@ -38,7 +38,9 @@ _OTHER_FORMATS: tuple[tuple[bytes, str, str], ...] = (
     (b"PK\x03\x04", "a zip archive", "unzip {file} -d {stem}, then lint {stem}"),
     (b"PK\x05\x06", "an empty zip archive", "unzip -l {file}"),
     (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "7z x {file} -o{stem}, then lint {stem}"),
+    (b"\x04\x22\x4d\x18", "lz4-compressed data", "lz4 -dc {file} > {out}"),
 )
+GZIP_MAGIC = b"\x1f\x8b"
 # A compressed tar, told by its name (its first bytes are the compression's, and a bz2 block is read whole before
 # any of it comes out): the compression, and tar's option for it.
 _COMPRESSED_TARS: dict[bytes, tuple[str, str]] = {
@@ -57,6 +59,9 @@ def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> Trac
     # Never the file's own name: the shell would empty it before it is read (xz.json > xz.json).
     out = shlex.quote(f"{bare}.json" if f"{bare}.json" != base else f"{bare}.unpacked.json")
     stem = shlex.quote(bare)
+    if gzipped and head.startswith(GZIP_MAGIC):  # compressed twice: attntrace undoes one gzip, as Kineto writes one
+        return TraceError("unsupported", f"the gzip stream holds another gzip stream (compressed twice): "
+                          f"gunzip -c {file} > {out}, then lint {out}")
     for magic, what, command in _OTHER_FORMATS:
         if head.startswith(magic) and (magic != b"BZh" or head[3:4].isdigit()):
             if gzipped:
