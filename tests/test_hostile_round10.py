@@ -272,3 +272,36 @@ def test_a_trace_compressed_twice_or_with_lz4_is_named(tmp_path: Path, name: str
     errors = result.stderr.splitlines()
     assert len(errors) == 1 and errors[0].startswith(f"error: {path}: {said}"), errors
     assert [t["error"] is None for t in json.loads(result.stdout)["traces"]] == [False, True]
+
+
+_GONE_WHILE_THE_SERVER_STARTS = """
+import multiprocessing.forkserver as forkserver, multiprocessing.util as util, os, threading, time
+from attntrace.read import workers
+workers.warm_up()
+print(forkserver._forkserver._forkserver_pid, util.get_temp_dir(), flush=True)
+threading.Timer(0.05, os._exit, (0,)).start()
+workers.SharingPool(1, 1).submit(time.sleep, 60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_parent_gone_while_its_server_started_leaves_no_folder(tmp_path: Path):
+    # The server left at once, but the parent's /tmp/pymp-* folder (the server's socket) stayed: about one SIGKILL
+    # in five of `lint --jobs 2` left one.
+    import contextlib
+    import signal
+    import time
+
+    pytest.importorskip("polars")
+    done = subprocess.run([sys.executable, "-c", _GONE_WHILE_THE_SERVER_STARTS], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
+    server, folder = done.stdout.split()[:2]
+    assert Path(folder).parent == tmp_path
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (Path(f"/proc/{server}").exists() or Path(folder).exists()):
+            time.sleep(0.1)
+        assert not Path(folder).exists(), list(tmp_path.iterdir())
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(int(server), signal.SIGKILL)

@@ -242,7 +242,7 @@ def _die_with_spawner() -> None:
         # The parent went while this server still started (importing polars, up to a second on a busy machine): a
         # SIGKILL then left the server, a worker it forked and the resource tracker running, with the parent's
         # stdout held open (a caller waiting for it hung).
-        os._exit(1)
+        _leave_orphaned()
     sys.excepthook = _server_error_in_one_line
     _server_pid = os.getpid()  # what a worker forked from here sees as its parent
     signal.signal(signal.SIGTERM, _leave_with_the_parent)
@@ -250,7 +250,17 @@ def _die_with_spawner() -> None:
     if not _kill_me_when_parent_dies(signal.SIGTERM):
         _server_pid = None
     elif os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
-        os._exit(1)
+        _leave_orphaned()
+
+
+def _leave_orphaned() -> None:
+    """The fork server's end when its parent went while it started: the parent's folder (/tmp/pymp-*, made before
+    the server started) is removed too, as at the end of a server whose parent was killed later (about one kill
+    in five left it)."""
+    folder = os.environ.get(SPAWNER_TEMPDIR_ENV)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    os._exit(1)
 
 
 def _leave_with_the_parent(signum: int, frame: object) -> None:
