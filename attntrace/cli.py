@@ -40,7 +40,10 @@ def _emit(text: str | bytes, output: str | None, inputs: Iterable[str] = ()) -> 
     data = text.encode("utf-8", "backslashreplace") if isinstance(text, str) else text
     if output in (None, "-"):
         if sys.stdout is None:  # started with stdout closed (>&-)
-            raise click.ClickException("stdout is closed: give --output FILE")
+            context = click.get_current_context(silent=True)
+            writes_files = context is not None and any(p.name == "output" for p in context.command.params)
+            raise click.ClickException("stdout is closed: " + ("give --output FILE" if writes_files
+                                                               else "send it to a file (> FILE)"))
         # Under PYTHONUNBUFFERED stdout.buffer is a raw file, whose write may take only part of the data (a pipe
         # whose reader left); write the rest until it is all out or the write fails (one line, in _Group.invoke).
         view = memoryview(data)

@@ -305,3 +305,14 @@ def test_a_parent_gone_while_its_server_started_leaves_no_folder(tmp_path: Path)
     finally:
         with contextlib.suppress(OSError):
             os.kill(int(server), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("command", "said"), [(["whatif"], "send it to a file (> FILE)"),
+                                               (["lint"], "give --output FILE")])
+def test_a_closed_stdout_is_told_what_the_command_can_do(command: list[str], said: str):
+    # whatif, which has no --output, said "give --output FILE".
+    result = subprocess.run([sys.executable, "-m", "attntrace", *command, sample("bf16_causal_fwd/naive")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: os.close(1))
+    assert result.returncode == 2
+    assert result.stderr == f"error: stdout is closed: {said}\n"
