@@ -47,7 +47,7 @@ class Taxonomy:
             return self._matched(names)
         wanted = names.to_list()
         matched = {name: self.known[name] for name in set(wanted) if name in self.known}
-        new = sorted({name for name in wanted if name not in matched}, key=lambda n: (n is None, n or ""))
+        new = list(dict.fromkeys(name for name in wanted if name not in matched))
         if new:
             matched.update(zip(new, self._matched(pl.Series(new, dtype=pl.String)).to_list(), strict=True))
             if len(self.known) + len(new) > KNOWN_NAMES_KEPT:

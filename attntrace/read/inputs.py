@@ -120,9 +120,7 @@ def _glob(pattern: str) -> list[str]:
     does not: glob.glob follows them, and two links to "." made its walk branch until the OS refused (hours)."""
     if "**" not in pattern:
         return glob.glob(pattern)
-    magic = _GLOB.search(pattern)
-    cut = pattern.rfind("/", 0, magic.start() if magic else len(pattern))
-    root, rest = (pattern[:cut] or "/", pattern[cut + 1:]) if cut >= 0 else (".", pattern)
+    root, rest = _split_pattern(pattern)
     if not rest:
         return []
     # pathlib's `**` never enters a linked directory (Python 3.11 and 3.12; 3.13's default is the same).
@@ -130,18 +128,18 @@ def _glob(pattern: str) -> list[str]:
     return [str(p) for p in found]
 
 
-def _pattern_root(pattern: str) -> str:
-    """The folder a pattern searches from: its path before the first component with a wildcard."""
+def _split_pattern(pattern: str) -> tuple[str, str]:
+    """The folder a pattern searches from (its path before the first component with a wildcard), and the rest."""
     magic = _GLOB.search(pattern)
     cut = pattern.rfind("/", 0, magic.start() if magic else len(pattern))
-    return (pattern[:cut] or "/") if cut >= 0 else "."
+    return (pattern[:cut] or "/", pattern[cut + 1:]) if cut >= 0 else (".", pattern)
 
 
 def _unreadable_under(pattern: str) -> list[TraceError]:
     """The folders a pattern's search could not read, which glob passes over in silence: under its root for a
     `**` (a walk, links not followed), else its root alone. A recursive pattern over a folder that held an
     unreadable one reported nothing, and a pattern into an unreadable folder said that nothing matched."""
-    root = _pattern_root(pattern)
+    root = _split_pattern(pattern)[0]
     problems: list[TraceError] = []
 
     def unreadable(exc: OSError) -> None:
