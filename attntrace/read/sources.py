@@ -75,12 +75,16 @@ def scrub(message: str, url: str = "") -> str:
 
 def _filesystem(url: str) -> tuple[Any, str]:
     protocol = url.split("://", 1)[0].lower()
-    extra = EXTRA_OF.get(protocol, "remote")
+    extra = EXTRA_OF.get(protocol)
     try:
         import fsspec
     except ImportError as exc:
-        raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [{extra}] extra (fsspec): "
-                         f"{pip_install(extra)}") from exc
+        if extra is None and protocol != "file":  # fsspec alone cannot read it: its backend is another package
+            raise TraceError("unsupported", f"reading {protocol}:// URLs needs fsspec and its {protocol}:// backend, "
+                             f"which no extra of attntrace installs: {pip_install('remote')}, then the package "
+                             "fsspec names for it") from exc
+        raise TraceError("unsupported", f"reading {protocol}:// URLs needs the [{extra or 'remote'}] extra (fsspec): "
+                         f"{pip_install(extra or 'remote')}") from exc
     options: dict[str, Any] = {}
     if protocol in ("http", "https"):
         try:
@@ -94,6 +98,12 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
+        if extra is None:  # hf://, sftp://, hdfs://...: the [remote] extra does not have their backends
+            missing = getattr(exc.__cause__, "name", None) or exc.name
+            package = f" (the module {missing!r})" if missing else ""
+            raise TraceError("unsupported", f"{protocol}:// needs a package that is not installed "
+                             f"({scrub(str(exc))}); no extra of attntrace installs it: pip install fsspec's "
+                             f"backend for {protocol}://{package}") from exc
         raise TraceError("unsupported", f"{protocol}:// needs a package that is not installed "
                          f"({scrub(str(exc))}): {pip_install(extra)}") from exc
     except ValueError as exc:
