@@ -70,11 +70,14 @@ def entry() -> None:
         sys.exit(2)
 
     return_freed_pages_sooner()  # before polars is loaded, here or in the server that forks the workers
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
-        signal.signal(signal.SIGINT, _interrupted)
-    for ending in ENDING_SIGNALS:  # not one the caller ignores (nohup ignores SIGHUP)
-        if signal.getsignal(ending) == signal.SIG_DFL:
-            signal.signal(ending, _interrupted)
+    answered = [signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler else []
+    # Not one the caller ignores (nohup ignores SIGHUP, a shell's background job SIGINT).
+    answered += [ending for ending in ENDING_SIGNALS if signal.getsignal(ending) == signal.SIG_DFL]
+    for signum in answered:  # at once, before the import below
+        signal.signal(signum, _interrupted)
+    from attntrace import late_signals
+
+    late_signals.answer(answered, _interrupted)  # also while a long polars query holds the main thread
     if len(sys.argv) > 2 and sys.argv[1] in TRACE_COMMANDS:
         from attntrace.cores import keep_to_one_core
 
@@ -99,9 +102,13 @@ def _leave(done: SystemExit) -> None:
     import atexit
     import threading
 
+    from attntrace import late_signals
+
     code = done.code
     children = "multiprocessing" in sys.modules and sys.modules["multiprocessing"].active_children()
-    if not (code is None or isinstance(code, int)) or threading.active_count() > 1 or children:
+    others = [thread for thread in threading.enumerate()
+              if thread is not threading.current_thread() and not late_signals.is_watcher(thread)]
+    if not (code is None or isinstance(code, int)) or others or children:
         raise done
     atexit._run_exitfuncs()
     try:

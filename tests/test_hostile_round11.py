@@ -7,6 +7,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -44,3 +46,42 @@ def test_without_fsspec_a_protocol_no_extra_covers_says_the_backend_is_needed_to
     assert result.exit_code == 2
     line = result.stderr.splitlines()[0]
     assert "needs fsspec and its hf:// backend, which no extra of attntrace installs" in line
+
+
+# A polars query that stays in Rust for minutes (each step ranks 4M rows, 0.25 s here): the main thread does not
+# come back to Python, where a signal handler runs, until it ends.
+_LONG_QUERY = """
+import signal, sys
+import polars as pl
+from attntrace import late_signals
+from attntrace.__main__ import _interrupted
+from attntrace.formats import output
+
+late_signals.answer([signal.SIGTERM, signal.SIGINT], _interrupted)
+unfinished = output.replacing(sys.argv[1])
+unfinished.__enter__()  # a temporary file beside the output, as --output writes
+lf = pl.LazyFrame({"x": pl.int_range(0, 4_000_000, eager=True)})
+for _ in range(600):
+    lf = lf.with_columns((pl.col("x") * 7919 % 4_000_037).rank("ordinal").cast(pl.Int64))
+print("ready", flush=True)
+lf.collect()
+"""
+
+
+@pytest.mark.parametrize("signum", [15, 2])
+def test_a_signal_ends_the_run_while_a_long_polars_query_holds_the_main_thread(tmp_path: Path, signum: int):
+    # A summary of a 3.3 GB Nsight export with 200 KB NVTX texts ignored SIGTERM for 13 minutes: Python runs a
+    # handler between bytecodes, and the regex ran in Rust. The output's temporary file stayed as long.
+    target = tmp_path / "report.json"
+    process = subprocess.Popen([sys.executable, "-c", _LONG_QUERY, str(target)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "POLARS_MAX_THREADS": "1"})
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # into the query
+        process.send_signal(signum)
+        code = process.wait(timeout=60)  # the query alone runs for minutes
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 128 + signum
+    assert list(tmp_path.iterdir()) == []

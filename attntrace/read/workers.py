@@ -22,6 +22,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from types import TracebackType
 
+from attntrace import late_signals
 from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
 
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
@@ -193,7 +194,7 @@ def ignore_interrupts() -> None:
     without the temporary files of the outputs it was writing (_leave_on_sigterm)."""
     for number in GROUP_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _leave_on_sigterm)
+    late_signals.answer([signal.SIGTERM], _leave_on_sigterm)  # also while a long polars query runs
     die_with_parent()
 
 
