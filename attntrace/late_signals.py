@@ -22,7 +22,9 @@ Handler = Callable[[int, object], None]
 GRACE_S = 1.0  # how long the main thread has to answer a signal itself (Python code answers it in microseconds)
 WATCHER_NAME = "attntrace-signals"
 
-_ending = threading.Lock()  # held by whichever thread runs a handler: the process ends in it
+# Held by whichever thread runs a handler: the process ends in it. Reentrant: a second signal while the main thread
+# runs the handler runs it again inside (the first cannot go on until it returns), as without this module.
+_ending = threading.RLock()
 _handlers: dict[int, Handler] = {}
 
 

@@ -85,3 +85,34 @@ def test_a_signal_ends_the_run_while_a_long_polars_query_holds_the_main_thread(t
         process.wait()
     assert code == 128 + signum
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_signal_while_the_first_is_answered_still_ends_the_run(tmp_path: Path):
+    # The handler waits for the workers it stops; a second SIGTERM in that wait runs the handler again, inside the
+    # first. It must end the process as the first would, not wait for a thread that is itself.
+    script = """
+import os, signal, sys, time
+from attntrace import late_signals
+
+def ending(signum, frame):
+    print("answering", flush=True)
+    time.sleep(0.5)  # a second signal comes in here
+    os._exit(128 + signum)
+
+late_signals.answer([signal.SIGTERM], ending)
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        process.send_signal(15)
+        assert process.stdout.readline() == "answering\n"
+        process.send_signal(15)
+        code = process.wait(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 143
