@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import sample
 
 from attntrace.model import flops
 from attntrace.model.loading import load
@@ -101,6 +102,19 @@ def test_bytes_only_ops() -> None:
     assert norm is not None and norm.kind == "norm"
     assert flops.op_cost("aten::sum", [[4, 8]], ["float"], None).kind == "reduction"
     assert flops.op_cost("aten::fill_", [[8], []], ["float", "Scalar"], None).bytes == 32  # written, not read
+    # A predicate writes one byte an element: isneginf of fp32 read 4 and wrote 4 bytes an element, and its bound
+    # was 1.6x the time the sample's kernel took.
+    assert flops.op_cost("aten::isneginf", [[4, 8]], ["float"], None).bytes == 32 * 4 + 32
+    assert flops.op_cost("aten::eq", [[4, 8], [4, 8]], ["c10::BFloat16", "c10::BFloat16"], None).bytes == 2 * 64 + 32
+
+
+def test_no_op_of_the_samples_runs_past_its_memory_roof_by_more_than_the_roof_s_spread() -> None:
+    from attntrace import api
+
+    for name in ("bf16_causal_fwd/sdpa_math", "bf16_causal_fwd/naive"):
+        ops = api.lint([sample(name)], fail_on="never").to_dict()["traces"][0]["roofline"]["ops"]
+        past = [(o["op"], o["share_of_bound"]) for o in ops if o["bound"] == "memory" and o["share_of_bound"]]
+        assert past and max(share for _, share in past) < 1.05, past
 
 
 # --- against FlopCounterMode on ops the real profiler recorded -------------------------------------
