@@ -3,7 +3,9 @@ ends of a run that signals and dead parents reach. Each test failed before its f
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, sample
+
+from attntrace import api
 
 
 def _attntrace(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -116,3 +120,37 @@ while True:
         process.kill()
         process.wait()
     assert code == 143
+
+
+def _shares(value: object, path: str = "") -> list[tuple[str, float]]:
+    """Every share (a key with "share" in it) in a report part, with where it is."""
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in _shares(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [s for i, item in enumerate(value) for s in _shares(item, f"{path}[{i}]")]
+    if "share" in path.rsplit(".", 1)[-1] and isinstance(value, float):
+        return [(path, value)]
+    return []
+
+
+def test_kernels_that_share_one_start_never_take_more_than_the_whole_step(tmp_path: Path):
+    # Every kernel at one ts: their durations add up to far more than the GPU's busy time (the union of them). An
+    # AT201 consequence read 539% of compute, AT101 104% of step GPU time; a saving read 113% of the step.
+    doc = json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/sdpa_math")).read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    start = min(e["ts"] for e in kernels)
+    for event in kernels:
+        event["ts"] = start
+    path = tmp_path / "kernels_at_one_start.json"
+    path.write_text(json.dumps(doc))
+    findings = api.lint([path], fail_on="never").to_dict()["findings"]
+    shares = _shares(findings)
+    assert shares and all(0.0 <= share <= 1.0 for _, share in shares), [s for s in shares if s[1] > 1]
+    assert any(share == 1.0 for _, share in shares)  # one at least was past the whole, and is the whole now
+
+
+def test_a_real_trace_keeps_its_shares():
+    # The cap changes nothing where kernels do not overlap: the sample's shares are all under 1, as before.
+    findings = api.lint([sample("bf16_causal_fwd/sdpa_math")], fail_on="never").to_dict()["findings"]
+    shares = _shares(findings)
+    assert shares and all(0.0 <= share < 1.0 for _, share in shares)

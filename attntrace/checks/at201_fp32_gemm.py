@@ -126,7 +126,7 @@ def check(ctx: Context) -> list[dict[str, Any]]:
         # gpu_us_of is a mean over the devices and the GEMM time their sum: two H100s' GEMMs read 173% of compute.
         compute_us = (ctx.gpu_us_of(devices, "compute_kernel_us") or ctx.gpu_us_of(devices)) * max(
             1, len({d for d in devices if d is not None}))
-        share = us_per_step / compute_us if compute_us else 0.0
+        share = min(1.0, us_per_step / compute_us) if compute_us else 0.0  # of a union: see Context.share_of_gpu
         if share < ctx.params["min_share"]:
             continue
         saved = us_per_step * (1 - 1 / speedup)

@@ -157,9 +157,11 @@ class Context:
         return cached
 
     def share_of_gpu(self, us_per_step: float, devices: Iterable[Any] = ()) -> float:
-        """A per-step GPU time's share of the GPU time per step of the devices it ran on (gpu_us_of)."""
+        """A per-step GPU time's share of the GPU time per step of the devices it ran on (gpu_us_of), at most all of
+        it: that is the union of the busy intervals, and kernels that overlap each other (streams side by side, or
+        a trace whose kernels share one start) add up to more than the time they cover (a share of 539% was shown)."""
         gpu = self.gpu_us_of(devices)
-        return us_per_step / gpu if gpu else 0.0
+        return min(1.0, us_per_step / gpu) if gpu else 0.0
 
     def wall_saving(self, change: Change, devices: Iterable[Any] = ()) -> float | None:
         """What the step loses in wall time with `change` (model/whatif.py): the largest saving over the devices given
@@ -246,8 +248,11 @@ class Context:
         where = {**where, "device": device, "device_name": None if device is None else self.trace.device_name(device),
                  "rank": self.trace.meta.rank}
         denominator = self.step_us if step_us is None else step_us
-        share = gpu_us_per_step / denominator if denominator else 0.0
-        wall_share = (wall_us_per_step / denominator if denominator else 0.0) if wall_us_per_step is not None else None
+        # A saving is at most the step: GPU time of kernels that overlap each other can add up to more (113% was
+        # shown); the GPU time itself stays as it was counted.
+        share = min(1.0, gpu_us_per_step / denominator) if denominator else 0.0
+        wall_share = (min(1.0, wall_us_per_step / denominator) if denominator else 0.0) \
+            if wall_us_per_step is not None else None
         if severity is None and wall_share is not None:
             severity = self.severity if wall_share >= self.params.get(MIN_SAVING_SHARE, DEFAULT_MIN_SAVING_SHARE) \
                 else "info"
