@@ -154,3 +154,29 @@ def test_a_real_trace_keeps_its_shares():
     findings = api.lint([sample("bf16_causal_fwd/sdpa_math")], fail_on="never").to_dict()["findings"]
     shares = _shares(findings)
     assert shares and all(0.0 <= share < 1.0 for _, share in shares)
+
+
+def _numbers(value: object) -> list[float]:
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in _numbers(item)]
+    if isinstance(value, list):
+        return [n for item in value for n in _numbers(item)]
+    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def test_a_step_marker_far_from_every_other_event_is_not_a_step(tmp_path: Path):
+    # One ProfilerStep at ts 1e300: a step of 1e300 us, "3333...ms -> 3333...ms" for all fixes at once, and every
+    # share of the step nothing, with exit 0 and no word.
+    doc = _naive_doc()
+    marker = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")][1]
+    marker["ts"] = 1e300
+    path = tmp_path / "far_step.json"
+    path.write_text(json.dumps(doc))
+    report = api.lint([path], fail_on="never").to_dict()
+    trace = report["traces"][0]
+    assert "1 ProfilerStep marker(s) more than 1e+11 us from the trace's ops ignored" in trace["summary"]["notes"]
+    assert max(_numbers(trace["summary"]) + _numbers(report["findings"])) < 1e11
+
+
+def _naive_doc() -> dict:
+    return json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))

@@ -13,6 +13,7 @@ import polars as pl
 from attntrace.model import measured as measured_steps
 from attntrace.model import taxonomy
 from attntrace.model.intervals import busy_us
+from attntrace.model.steps import MAX_SPAN_US
 from attntrace.model.tables import split_trace
 from attntrace.model.trace import Trace, TraceMeta
 from attntrace.read.raw import RawTrace
@@ -20,7 +21,7 @@ from attntrace.read.raw import RawTrace
 __all__ = ["Trace", "TraceMeta", "build", "busy_us"]
 
 
-MAX_DUR_US = 1e11  # 28 hours: longer than any profiled span; a larger duration is a broken writer
+MAX_DUR_US = MAX_SPAN_US  # a larger duration, or a GPU event's start this far from the others, is a broken writer's
 
 
 def _clamp_durations(tables: Any) -> int:

@@ -21,6 +21,9 @@ ITERATION_MARKERS = (
     (r"^enumerate\(DataLoader\)#.+\.__next__$", "start"),
 )
 MIN_INFERRED_STEPS = 2
+# 28 hours: longer than any profiled span. A larger duration, or a start this far from the trace's others, is a
+# broken writer's (1e300 in a hand-edited trace), not a time.
+MAX_SPAN_US = 1e11
 MIN_STEP_SHARE = 0.5  # of its thread's top-level time that a recurring annotation must span to be its steps
 WARMUP_FACTOR = 3.0  # a first window this many times the median of the rest is warm-up (lazy init, autotune)
 CAPTURE_BEGIN = r"^(cuda|hip)StreamBeginCapture"
@@ -79,6 +82,14 @@ def _from_markers(ops: pl.DataFrame, notes: list[str]) -> Steps | None:
         pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64, strict=False).alias("step")))
     if not numbered.height:
         return None
+    # A marker far from every other op (a ts of 1e300) made a step of 1e300 us, and every share of it nothing.
+    starts = ops["ts"]
+    middle = starts.filter(starts.is_finite()).median()
+    stray = numbered["ts"].is_finite().not_() | ((numbered["ts"] - (middle or 0.0)).abs() > MAX_SPAN_US)
+    if stray.any():
+        notes.append(f"{int(stray.sum())} ProfilerStep marker(s) more than {MAX_SPAN_US:.0e} us from the trace's ops "
+                     "ignored")
+        numbered = numbered.filter(~stray)
     unreadable = numbered["step"].null_count()
     if unreadable:
         notes.append(f"{unreadable} ProfilerStep marker(s) with a step number that is not a 64-bit integer ignored")
