@@ -180,3 +180,20 @@ def test_a_step_marker_far_from_every_other_event_is_not_a_step(tmp_path: Path):
 
 def _naive_doc() -> dict:
     return json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+
+
+def test_ops_whose_kernels_took_no_time_have_no_headroom_below_zero(tmp_path: Path):
+    # Kernel durations a writer left negative (read as 0): the roofline kept each op's bound against no time, a
+    # headroom of minus the bound (-749 us for the mask's DtoD copy).
+    doc = _naive_doc()
+    for event in doc["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            event["dur"] = -1
+    path = tmp_path / "no_kernel_time.json"
+    path.write_text(json.dumps(doc))
+    timeless = api.lint([path], fail_on="never").to_dict()["traces"][0]["roofline"]
+    rows = timeless["ops"] + timeless["classes"]
+    assert rows and all(row.get("headroom_us") is None and row.get("bound_us") is None for row in rows)
+    timed = api.lint([sample("bf16_causal_fwd/naive")], fail_on="never").to_dict()["traces"][0]["roofline"]
+    assert sorted(row["op"] for row in timed["ops"] if row["headroom_us"] is not None) == \
+        sorted(row["op"] for row in timeless["ops"])  # the same ops, judged where they took time

@@ -22,6 +22,7 @@ PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 LOOK_UP = 4  # ops above an unmodelled launching op searched for a model
 TOP_OPS = 100  # op signatures kept (the plot's points; tables show the first few)
 TOP_UNMODELLED = 10
+CLOCK_US = 1e-3  # a nanosecond: the finest time a trace's clock tells; a call that took less has no time to judge
 CLASS_ORDER = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "copy", "communication",
                "transfer", "unmodelled")
 
@@ -225,6 +226,11 @@ def analyse(trace: Trace) -> dict[str, Any] | None:
     # Host transfers cross PCIe or NVLink-C2C, whose bandwidth peaks.toml does not hold: bytes, no bound.
     bounds = [bound(c.cost.hw_flops, c.cost.bytes, c.precision, roofs) if c.cost.kind != "transfer" else (None, None)
               for c in calls]
+    # A call whose kernels took no time (durations a broken writer left negative or NaN, read as 0, or under the
+    # nanosecond a trace's clock can tell) has nothing to hold against its roof: its bound alone read as a headroom
+    # of minus the bound.
+    bounds = [(verdict, at_us if call.us >= CLOCK_US else None)
+              for call, (verdict, at_us) in zip(calls, bounds, strict=True)]
 
     classes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for call, (_, at_us) in zip(calls, bounds, strict=True):
