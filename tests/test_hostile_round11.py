@@ -197,3 +197,19 @@ def test_ops_whose_kernels_took_no_time_have_no_headroom_below_zero(tmp_path: Pa
     timed = api.lint([sample("bf16_causal_fwd/naive")], fail_on="never").to_dict()["traces"][0]["roofline"]
     assert sorted(row["op"] for row in timed["ops"] if row["headroom_us"] is not None) == \
         sorted(row["op"] for row in timeless["ops"])  # the same ops, judged where they took time
+
+
+def test_gpu_events_that_start_before_their_launch_are_named(tmp_path: Path):
+    # Every ts negated: each launch found the wrong op by time, and an fp32 matmul "ran" at 1,171 TFLOP/s against
+    # a roof of 67, with exit 0 and no word.
+    doc = json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/sdpa_math")).read_bytes()))
+    for event in doc["traceEvents"]:
+        if isinstance(event.get("ts"), int | float):
+            event["ts"] = -event["ts"]
+    path = tmp_path / "negated.json"
+    path.write_text(json.dumps(doc))
+    notes = api.lint([path], fail_on="never").to_dict()["traces"][0]["summary"]["notes"]
+    assert any(n.startswith("60 of 60 GPU event(s) start before the CPU call that launched them") for n in notes)
+    for name in ("bf16_causal_fwd/sdpa_math", "bf16_causal_fwd/naive"):  # real captures: silent
+        notes = api.lint([sample(name)], fail_on="never").to_dict()["traces"][0]["summary"]["notes"]
+        assert not any("before the CPU call" in n for n in notes)

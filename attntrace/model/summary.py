@@ -226,7 +226,7 @@ def summarize(trace: Trace, with_path: bool = False) -> dict[str, Any]:
         "top_kernels": top_kernels(trace),
         "per_step": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                      for row in steps.iter_rows(named=True)],
-        "notes": [*trace.meta.notes, *info.notes],
+        "notes": [*trace.meta.notes, *info.notes, *trace.clock_notes],
         "incomplete": trace.meta.incomplete,
         "profiler": profiler_cost(trace),
         **({"critical_path": critical_path(trace)} if with_path else {}),

@@ -31,6 +31,9 @@ LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|thr
 # op's chain would take memory quadratic in that length (a 24 MB trace of such ops peaked at 3 GB).
 MAX_OP_DEPTH = 128
 AMD_VENDOR = re.compile(r"AMD|Instinct|Radeon|gfx\d", re.IGNORECASE)
+# How far before the CPU call that launched it a GPU event may seem to start: the GPU's clock is mapped onto the
+# CPU's, and none of 157 corpus and sample traces had one start before its launch at all.
+CLOCK_SLACK_US = 1.0
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,22 @@ class Trace:
     def steady_steps(self) -> list[int]:
         """Step numbers that are not graph captures (a new list each time: the callers' to change)."""
         return list(self._steady_steps)
+
+    @cached_property
+    def clock_notes(self) -> list[str]:
+        """A note where GPU events start before the CPU call that launched them: the trace's clocks disagree (every
+        timestamp negated, a hand-edited or merged trace), and what time tells (each launch's op, each step's work)
+        is not to be trusted. Its ops' kernels then ran up to 17x past their roofs, with no word."""
+        linked = self.gpu_linked
+        if "launch_ts" not in linked.columns:
+            return []
+        lead = (linked["launch_ts"] - linked["ts"]).drop_nulls()
+        early = lead.filter(lead > CLOCK_SLACK_US)
+        if not early.len():
+            return []
+        return [f"{early.len()} of {lead.len()} GPU event(s) start before the CPU call that launched them (by up to "
+                f"{early.max():.6g} us): the trace's CPU and GPU clocks disagree, so the ops and steps its times give "
+                "them may be wrong"]
 
     @cached_property
     def steady_gpu(self) -> pl.DataFrame:
