@@ -39,7 +39,10 @@ _context: BaseContext | None = None
 # with that process (below), and the workers it forks die with the server (die_with_parent).
 SPAWNER_ENV = "ATTNTRACE_SERVER_SPAWNER"
 SPAWNER_TEMPDIR_ENV = "ATTNTRACE_SERVER_TEMPDIR"  # and multiprocessing's folder of that process
-ORPHANED_WITHIN_S = 0.5  # how long a server told of its parent's end waits to see itself orphaned
+# How long a server told of its parent's end waits to see itself orphaned: the parent's pipe closes as its exit
+# begins, and it is orphaned once the exit has freed the parent's memory (175 ms for a parent of 2,000 traces here;
+# past 0.5 s, under load, the folder was left in about one kill in ten).
+ORPHANED_WITHIN_S = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -278,9 +281,10 @@ def _remove_the_folder_of_a_dead_parent() -> None:
     folder = os.environ.get(SPAWNER_TEMPDIR_ENV)
     if os.getpid() != _server_pid or not folder:
         return
-    # The parent's death signal comes before this process is given its new parent: a moment for that.
+    # Until the parent's exit has ended. A parent that exits the usual way has removed the folder before its pipe
+    # closed: nothing to wait for then.
     deadline = time.monotonic() + ORPHANED_WITHIN_S
-    while os.environ.get(SPAWNER_ENV) == str(os.getppid()) and time.monotonic() < deadline:
+    while os.environ.get(SPAWNER_ENV) == str(os.getppid()) and os.path.isdir(folder) and time.monotonic() < deadline:
         time.sleep(0.005)
     if os.environ.get(SPAWNER_ENV) != str(os.getppid()):
         shutil.rmtree(folder, ignore_errors=True)
@@ -324,10 +328,15 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
-    from multiprocessing import forkserver, util
+    from multiprocessing import forkserver, resource_tracker, util
 
     server_env = {SPAWNER_ENV: str(os.getpid())}
     try:
+        # The resource tracker before the folder (ensure_running below starts it between the two otherwise): the
+        # folder is nobody's until the server that removes it is running, and a SIGKILL while the tracker started
+        # left it behind (/tmp/pymp-*, about one kill in ten at the moment a pool of 2,000 files started).
+        with interrupts_ignored(), _on_start_cores():
+            resource_tracker.ensure_running()
         server_env[SPAWNER_TEMPDIR_ENV] = util.get_temp_dir()  # made now, or by ensure_running below
     except OSError:
         if strict:
