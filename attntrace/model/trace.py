@@ -32,7 +32,7 @@ LIBRARY_FRAMES = r"^<|torch/|site-packages/|dist-packages/|click/|contextlib|thr
 MAX_OP_DEPTH = 128
 AMD_VENDOR = re.compile(r"AMD|Instinct|Radeon|gfx\d", re.IGNORECASE)
 # How far before the CPU call that launched it a GPU event may seem to start: the GPU's clock is mapped onto the
-# CPU's, and none of 157 corpus and sample traces had one start before its launch at all.
+# CPU's, and none of 157 Kineto traces of the corpus and samples had one start before its launch at all.
 CLOCK_SLACK_US = 1.0
 
 
@@ -344,8 +344,9 @@ class Trace:
     @cached_property
     def clock_notes(self) -> list[str]:
         """A note where GPU events start before the CPU call that launched them: the trace's clocks disagree (every
-        timestamp negated, a hand-edited or merged trace), and what time tells (each launch's op, each step's work)
-        is not to be trusted. Its ops' kernels then ran up to 17x past their roofs, with no word."""
+        timestamp negated, a hand-edited or merged trace) or its links are wrong, and what time tells (each launch's
+        op, each step's work) is not to be trusted. Its ops' kernels then ran up to 17x past their roofs, with no
+        word."""
         linked = self.gpu_linked
         if "launch_ts" not in linked.columns:
             return []
@@ -353,9 +354,11 @@ class Trace:
         early = lead.filter(lead > CLOCK_SLACK_US)
         if not early.len():
             return []
-        return [f"{early.len()} of {lead.len()} GPU event(s) start before the CPU call that launched them (by up to "
-                f"{early.max():.6g} us): the trace's CPU and GPU clocks disagree, so the ops and steps its times give "
-                "them may be wrong"]
+        # Or the correlation ids link the wrong calls: 16 of an Nsight export's 2,108 "started" up to 0.9 s before
+        # a cudaEventDestroy or a cudaStreamWaitEvent.
+        return [f"{early.len()} of {lead.len()} GPU event(s) start before the CPU call linked to them as their launch "
+                f"(by up to {early.max():.6g} us): the trace's CPU and GPU clocks disagree, or its correlation ids "
+                "link the wrong calls; the ops and steps given to those events may be wrong"]
 
     @cached_property
     def steady_gpu(self) -> pl.DataFrame:
