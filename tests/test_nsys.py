@@ -9,6 +9,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import DATA
@@ -69,6 +70,17 @@ def test_two_h100_export_has_its_ops_kernels_and_links() -> None:
         trace.meta.notes)
     names = trace.gpu["name"].to_list()
     assert "Memcpy HtoD (Pinned -> Device)" in names and "Memcpy DtoD (Device -> Device)" in names
+
+
+def test_each_gpu_event_of_two_processes_links_to_its_own_process() -> None:
+    # CUPTI counts correlation ids per process: the two ranks' ids overlap (1477488-1479690), and 16 of device 1's
+    # events were linked to rank 0's calls (a cudaEventDestroy, a cudaStreamWaitEvent) up to 0.9 s after them.
+    linked = load(str(TWO_H100)).gpu_linked.filter(pl.col("launch").is_not_null())
+    assert linked.height > 2000
+    assert sorted(linked.select("device", "launch_pid").unique().rows()) == [(0, "111"), (1, "112")]
+    assert (linked["ts"] >= linked["launch_ts"]).all()
+    assert set(linked["launch_api"].unique()) <= {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
+                                                  "cudaMemsetAsync"}
 
 
 def test_two_h100_export_fp32_gemms_are_found_with_their_op_chains() -> None:

@@ -174,8 +174,10 @@ def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
     version = schema_version(connection, tables)
     strings = _frame(connection, "SELECT id, value FROM StringIds", {"id": pl.Int64, "value": pl.String})
     devices = _devices(connection, tables)
-    gpu = pl.concat([_with_blocks_per_sm(_kernels(connection, tables, strings), devices),
-                     _memcpys(connection, tables), _memsets(connection, tables)], how="vertical_relaxed")
+    by_process = _by_process(tables)
+    gpu = pl.concat([_with_blocks_per_sm(_kernels(connection, tables, strings, by_process), devices),
+                     _memcpys(connection, tables, by_process), _memsets(connection, tables, by_process)],
+                    how="vertical_relaxed")
     ops, op_inputs = _ops(connection, tables)
     notes = [f"read from an Nsight Systems export (schema {version})"]
     if not ops.height:
@@ -184,7 +186,7 @@ def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
     document = Document(traceEvents=[], deviceProperties=devices,
                         record_shapes=bool((op_inputs["input_dims"].bin.size() > 0).any()) or None)
     empty_host = pl.DataFrame(schema=HOST_SCHEMA)
-    frames = {"ops": ops, "launches": _launches(connection, tables, strings), "gpu": gpu,
+    frames = {"ops": ops, "launches": _launches(connection, tables, strings, by_process), "gpu": gpu,
               "flows": pl.DataFrame(schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64,
                                             "tid": pl.String}),
               "gpu_annotations": empty_host, "python": empty_host, "op_args": op_inputs}
@@ -221,6 +223,24 @@ def _col(columns: set[str], *names: str, combine: str = " + ") -> str:
     return "NULL"
 
 
+# CUPTI counts correlation ids per process (32 bits): two processes in one export reuse each other's, and a GPU
+# event of one was linked to the other's runtime call (16 of 2,108 on a two-GPU export, up to 0.9 s after them).
+# Where both sides name their process, the id read is the process's and its own: pid * 2**32 + id.
+PROCESS_ID_SHIFT = 1 << 32
+
+
+def _by_process(tables: dict[str, set[str]]) -> bool:
+    """Whether runtime calls and every GPU activity table of the export name their process."""
+    gpu = [tables[t] for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                               "CUPTI_ACTIVITY_KIND_MEMSET") if t in tables]
+    return "globalTid" in tables.get("CUPTI_ACTIVITY_KIND_RUNTIME", set()) and all("globalPid" in c for c in gpu)
+
+
+def _process_correlation(process: pl.Expr) -> pl.Expr:
+    return pl.when(process.is_not_null()).then(process * PROCESS_ID_SHIFT + pl.col("correlation")) \
+        .otherwise(pl.col("correlation")).alias("correlation")
+
+
 def _ns_to_us(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns((pl.col("start") / 1000.0).alias("ts"),
                               ((pl.col("end") - pl.col("start")) / 1000.0).alias("dur"))
@@ -231,7 +251,8 @@ def _named(frame: pl.DataFrame, strings: pl.DataFrame, key: str) -> pl.DataFrame
     return frame.join(strings.rename({"id": key, "value": "name"}), on=key, how="left", maintain_order="left")
 
 
-def _kernels(connection: sqlite3.Connection, tables: dict[str, set[str]], strings: pl.DataFrame) -> pl.DataFrame:
+def _kernels(connection: sqlite3.Connection, tables: dict[str, set[str]], strings: pl.DataFrame,
+             by_process: bool) -> pl.DataFrame:
     columns = tables.get("CUPTI_ACTIVITY_KIND_KERNEL")
     if columns is None:
         return pl.DataFrame(schema=GPU_SCHEMA)
@@ -241,17 +262,24 @@ def _kernels(connection: sqlite3.Connection, tables: dict[str, set[str]], string
              f'{_col(columns, "correlationId")}, {name_id}, {_col(columns, "registersPerThread")}, '
              f'{_col(columns, "staticSharedMemory", "dynamicSharedMemory")}, '
              f'{_col(columns, "gridX", "gridY", "gridZ", combine=" * ")}, '
-             f'{_col(columns, "blockX", "blockY", "blockZ", combine=" * ")} FROM CUPTI_ACTIVITY_KIND_KERNEL')
+             f'{_col(columns, "blockX", "blockY", "blockZ", combine=" * ")}, '
+             f'{_col(columns, "globalPid") if by_process else "NULL"} FROM CUPTI_ACTIVITY_KIND_KERNEL')
     raw = _frame(connection, query, {"start": pl.Int64, "end": pl.Int64, "device": pl.Int64, "stream": pl.Int64,
                                      "correlation": pl.Int64, "name_id": pl.Int64, "registers": pl.Int64,
-                                     "shared_memory": pl.Int64, "grid_blocks": pl.Int64, "block_threads": pl.Int64})
-    named = _named(raw, strings, "name_id")
+                                     "shared_memory": pl.Int64, "grid_blocks": pl.Int64, "block_threads": pl.Int64,
+                                     "global_pid": pl.Int64})
+    named = _named(_with_process_correlation(raw), strings, "name_id")
     return _ns_to_us(named).select(
         pl.col("name").fill_null("(unnamed kernel)"), pl.lit("kernel").alias("cat"), pl.col("device").alias("pid"),
         pl.col("stream").alias("tid"), "ts", "dur", pl.lit(None, pl.Int64).alias("external_id"), "correlation",
         "registers", "shared_memory", pl.lit(None, pl.Float64).alias("blocks_per_sm"),
         pl.lit(None, pl.Float64).alias("occupancy"), "device", "stream", pl.lit(None, pl.Int64).alias("bytes"),
         "grid_blocks", "block_threads").cast(GPU_SCHEMA)  # type: ignore[arg-type]
+
+
+def _with_process_correlation(raw: pl.DataFrame) -> pl.DataFrame:
+    """GPU activity's correlation ids made its process's own (nsys: the pid in bits 24-47 of globalPid)."""
+    return raw.with_columns(_process_correlation((pl.col("global_pid") // (1 << 24)) % (1 << 24)))
 
 
 def _with_blocks_per_sm(kernels: pl.DataFrame, devices: list[dict[str, Any]]) -> pl.DataFrame:
@@ -265,14 +293,15 @@ def _with_blocks_per_sm(kernels: pl.DataFrame, devices: list[dict[str, Any]]) ->
 
 
 def _copies(connection: sqlite3.Connection, table: str, columns: set[str], kind: str, name: pl.Expr,
-            extra: list[str]) -> pl.DataFrame:
+            extra: list[str], by_process: bool) -> pl.DataFrame:
     query = (f'SELECT start, "end", {_col(columns, "deviceId")}, {_col(columns, "streamId")}, '
              f'{_col(columns, "correlationId")}, {_col(columns, "bytes")}, '
+             f'{_col(columns, "globalPid") if by_process else "NULL"}, '
              + ", ".join(_col(columns, c) for c in extra) + f" FROM {table}")
     raw = _frame(connection, query, {"start": pl.Int64, "end": pl.Int64, "device": pl.Int64, "stream": pl.Int64,
-                                     "correlation": pl.Int64, "bytes": pl.Int64,
+                                     "correlation": pl.Int64, "bytes": pl.Int64, "global_pid": pl.Int64,
                                      **{c: pl.Int64 for c in extra}})
-    return _ns_to_us(raw).select(
+    return _ns_to_us(_with_process_correlation(raw)).select(
         name.alias("name"), pl.lit(kind).alias("cat"), pl.col("device").alias("pid"),
         pl.col("stream").alias("tid"), "ts", "dur", pl.lit(None, pl.Int64).alias("external_id"), "correlation",
         *(pl.lit(None, dtype).alias(c) for c, dtype in (("registers", pl.Int64), ("shared_memory", pl.Int64),
@@ -285,7 +314,7 @@ def _memory_kind(column: str) -> pl.Expr:
     return pl.col(column).replace_strict(MEMORY_KINDS, default="Unknown", return_dtype=pl.String).fill_null("Unknown")
 
 
-def _memcpys(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> pl.DataFrame:
+def _memcpys(connection: sqlite3.Connection, tables: dict[str, set[str]], by_process: bool) -> pl.DataFrame:
     columns = tables.get("CUPTI_ACTIVITY_KIND_MEMCPY")
     if columns is None:
         return pl.DataFrame(schema=GPU_SCHEMA)
@@ -294,15 +323,15 @@ def _memcpys(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> pl.
                      pl.col("copyKind").replace_strict(COPY_KINDS, default="Unknown", return_dtype=pl.String)
                      .fill_null("Unknown"), _memory_kind("srcKind"), _memory_kind("dstKind"))
     return _copies(connection, "CUPTI_ACTIVITY_KIND_MEMCPY", columns, "gpu_memcpy", name,
-                   ["copyKind", "srcKind", "dstKind"])
+                   ["copyKind", "srcKind", "dstKind"], by_process)
 
 
-def _memsets(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> pl.DataFrame:
+def _memsets(connection: sqlite3.Connection, tables: dict[str, set[str]], by_process: bool) -> pl.DataFrame:
     columns = tables.get("CUPTI_ACTIVITY_KIND_MEMSET")
     if columns is None:
         return pl.DataFrame(schema=GPU_SCHEMA)
     name = pl.format("Memset ({})", _memory_kind("memKind"))  # Kineto's: "Memset (Device)"
-    return _copies(connection, "CUPTI_ACTIVITY_KIND_MEMSET", columns, "gpu_memset", name, ["memKind"])
+    return _copies(connection, "CUPTI_ACTIVITY_KIND_MEMSET", columns, "gpu_memset", name, ["memKind"], by_process)
 
 
 def _thread(frame: pl.DataFrame) -> pl.DataFrame:
@@ -311,7 +340,8 @@ def _thread(frame: pl.DataFrame) -> pl.DataFrame:
                               (pl.col("global_tid") % (1 << 24)).alias("tid"))
 
 
-def _launches(connection: sqlite3.Connection, tables: dict[str, set[str]], strings: pl.DataFrame) -> pl.DataFrame:
+def _launches(connection: sqlite3.Connection, tables: dict[str, set[str]], strings: pl.DataFrame,
+              by_process: bool) -> pl.DataFrame:
     schema = {**HOST_SCHEMA, "external_id": pl.Int64, "correlation": pl.Int64}
     columns = tables.get("CUPTI_ACTIVITY_KIND_RUNTIME")
     if columns is None or "nameId" not in columns:
@@ -325,7 +355,10 @@ def _launches(connection: sqlite3.Connection, tables: dict[str, set[str]], strin
                            pl.col("value").str.replace(r"_v\d+$", "").alias("name"))
     named = raw.join(names, on="name_id", how="left", maintain_order="left")
     driver = pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda")
-    return _ns_to_us(_thread(named)).select(
+    threads = _thread(named)
+    if by_process:
+        threads = threads.with_columns(_process_correlation(pl.col("pid")))
+    return _ns_to_us(threads).select(
         pl.col("name").fill_null("(unnamed call)"),
         pl.when(driver).then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("cat"),
         "pid", "tid", "ts", "dur", pl.lit(None, pl.Int64).alias("external_id"), "correlation").cast(schema)  # type: ignore[arg-type]
