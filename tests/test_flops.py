@@ -220,3 +220,19 @@ def test_shapes_no_tensor_has_get_no_cost() -> None:
     assert flops.op_cost("aten::mm", [[-1, 4], [4, 5]], ["float", "float"], None) is None
     assert flops.op_cost("aten::convolution", [[1, 3, 8, 8], [4, 3, 3, 3]], ["float", "float"],
                          ["", "", "", "[0, 0]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]) is None
+
+
+def test_cutlass_fp32_tensor_op_gemms_are_tf32() -> None:
+    # An A100 trace of the corpus ran fp32 mm/addmm on these at 43-55 TFLOP/s, "2.2-2.8x its fp32 roof": they run on
+    # TF32 tensor cores (the name gives no input type), so their roof is TF32's.
+    import polars as pl
+
+    from attntrace.model import taxonomy
+
+    names = ["void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_nt_align4>"
+             "(cutlass_80_tensorop_s1688gemm_256x128_32x3_nt_align4::Params)",
+             "cutlass_80_tensorop_s1684gemm_128x128_16x4_nn_align1",
+             "cutlass_75_tensorop_s1688gemm_f16_256x128_32x2_nt_align8",  # fp16 inputs: not TF32
+             "ampere_sgemm_128x64_nn"]
+    classes = taxonomy.load().classify_all(pl.Series(names, dtype=pl.String))
+    assert list(classes) == ["gemm_tf32", "gemm_tf32", "gemm_tensor_core", "gemm_fp32_simt"]
