@@ -20,6 +20,15 @@ CORPUS = ROOT.parent / "shared" / "corpus" / "peer"
 DATA = ROOT / "tests" / "data"
 
 
+def as_a_shell_starts_it() -> None:
+    """A preexec_fn: Ctrl-C's default action, as a shell gives a foreground job, whatever the test process has. A
+    process started with SIGINT ignored (pytest run as a background job of a script, or under nohup) keeps ignoring
+    it, by design, and a test that sends SIGINT would then test nothing the user meets."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sample(name: str) -> str:
     return str(SAMPLES / f"{name}.pt.trace.json.gz")
 

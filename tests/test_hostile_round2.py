@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ROOT, SAMPLES, sample
+from conftest import ROOT, SAMPLES, as_a_shell_starts_it, sample
 from test_hostile import run_measured
 
 from attntrace import read
@@ -349,12 +349,6 @@ def _wait_for_reader(fifo: Path) -> int:
             threading.Event().wait(0.05)
 
 
-def _as_a_shell_starts_it() -> None:
-    """Ctrl-C's default action, as a shell gives a foreground job, whatever the test process has: a process
-    started with SIGINT ignored keeps ignoring it, by design (as under nohup)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _wait_until_it_answers_ctrl_c(pid: int) -> None:
     """Wait while the CLI ignores SIGINT: it does for the moment it starts worker processes, so that they start
     ignoring it (workers.interrupts_ignored), and a Ctrl-C then is lost by design. Under load that moment is long
@@ -373,7 +367,7 @@ def test_ctrl_c_exits_130_quietly(tmp_path: Path):
     fifo = tmp_path / "stream.json"
     os.mkfifo(fifo)
     process = subprocess.Popen([*CLI, "lint", "-j1", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               cwd=ROOT, preexec_fn=_as_a_shell_starts_it)
+                               cwd=ROOT, preexec_fn=as_a_shell_starts_it)
     writer = _wait_for_reader(fifo)
     _wait_until_it_answers_ctrl_c(process.pid)
     try:
@@ -392,7 +386,7 @@ def test_ctrl_c_with_workers_running_exits_130_and_leaves_no_worker(tmp_path: Pa
     # A new session, signalled as a whole, as the terminal signals the foreground process group on Ctrl-C.
     process = subprocess.Popen([*CLI, "lint", "-j2", str(fifo), str(tmp_path / "b.json")], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True,
-                               preexec_fn=_as_a_shell_starts_it)
+                               preexec_fn=as_a_shell_starts_it)
     writer = _wait_for_reader(fifo)  # a worker is now analysing the FIFO
     _wait_until_it_answers_ctrl_c(process.pid)
     try:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, sample
+from conftest import ROOT, as_a_shell_starts_it, sample
 
 from attntrace.cores import ONE_THREAD_CORES, polars_threads
 
@@ -129,7 +129,7 @@ def test_ctrl_c_while_a_worker_starts_stops_the_run(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
                              sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--format", "json"],
                             env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_a_shell_starts_it)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(_descendants(proc.pid)) < 2:  # the tracker and the server
@@ -232,7 +232,7 @@ def test_a_signal_removes_the_temporary_file_of_every_output(tmp_path: Path, sig
     args = [arg.replace("OUT", str(out)) for arg in option]
     done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
                            "--jobs", "1", *args], env={**_env(), "SIGNAL": signame}, capture_output=True,
-                          timeout=60)
+                          timeout=60, preexec_fn=as_a_shell_starts_it)
     assert done.returncode == 128 + getattr(signal, signame), done.stderr
     assert sorted(os.listdir(out)) == []
 
@@ -249,7 +249,8 @@ def test_a_signal_leaves_no_directory_of_the_workers_behind(tmp_path: Path, sign
     try:
         done = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_REPLACE, "lint", sample("bf16_causal_fwd/naive"),
                                sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "-o", str(tmp_path / "r.json")],
-                              env={**_env(), "SIGNAL": signame, "TMPDIR": str(temp)}, capture_output=True, timeout=60)
+                              env={**_env(), "SIGNAL": signame, "TMPDIR": str(temp)}, capture_output=True, timeout=60,
+                              preexec_fn=as_a_shell_starts_it)
         assert done.returncode == 128 + getattr(signal, signame), done.stderr
         assert sorted(os.listdir(temp)) == []
         assert sorted(os.listdir(tmp_path)) == []
@@ -297,7 +298,7 @@ def test_a_worker_stopped_while_it_writes_leaves_no_temporary_file(tmp_path: Pat
     done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
                            sample("bf16_causal_fwd/sdpa_flash"), "--jobs", "2", "--annotate", str(out)],
                           env={**_env(), "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "SIGNAL": signame},
-                          capture_output=True, timeout=60, start_new_session=True)
+                          capture_output=True, timeout=60, start_new_session=True, preexec_fn=as_a_shell_starts_it)
     assert done.returncode == 128 + getattr(signal, signame), done.stderr
     time.sleep(0.5)  # the workers' handlers run as they are stopped
     assert [name for name in os.listdir(out) if name.endswith(".tmp")] == []
