@@ -278,8 +278,8 @@ def _kernels(connection: sqlite3.Connection, tables: dict[str, set[str]], string
 
 
 def _with_process_correlation(raw: pl.DataFrame) -> pl.DataFrame:
-    """GPU activity's correlation ids made its process's own (nsys: the pid in bits 24-47 of globalPid)."""
-    return raw.with_columns(_process_correlation((pl.col("global_pid") // (1 << 24)) % (1 << 24)))
+    """GPU activity's correlation ids made its process's own (globalPid holds the pid as globalTid does)."""
+    return raw.with_columns(_process_correlation(_pid_of("global_pid")))
 
 
 def _with_blocks_per_sm(kernels: pl.DataFrame, devices: list[dict[str, Any]]) -> pl.DataFrame:
@@ -334,10 +334,14 @@ def _memsets(connection: sqlite3.Connection, tables: dict[str, set[str]], by_pro
     return _copies(connection, "CUPTI_ACTIVITY_KIND_MEMSET", columns, "gpu_memset", name, ["memKind"], by_process)
 
 
+def _pid_of(column: str) -> pl.Expr:
+    """The pid in a serialized globalTid or globalPid (nsys: pid in bits 24-47, tid in bits 0-23)."""
+    return (pl.col(column) // (1 << 24)) % (1 << 24)
+
+
 def _thread(frame: pl.DataFrame) -> pl.DataFrame:
-    """pid and tid of a serialized globalTid (nsys: pid in bits 24-47, tid in bits 0-23)."""
-    return frame.with_columns(((pl.col("global_tid") // (1 << 24)) % (1 << 24)).alias("pid"),
-                              (pl.col("global_tid") % (1 << 24)).alias("tid"))
+    """pid and tid of a serialized globalTid."""
+    return frame.with_columns(_pid_of("global_tid").alias("pid"), (pl.col("global_tid") % (1 << 24)).alias("tid"))
 
 
 def _launches(connection: sqlite3.Connection, tables: dict[str, set[str]], strings: pl.DataFrame,

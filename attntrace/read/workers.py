@@ -328,15 +328,10 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
-    from multiprocessing import forkserver, resource_tracker, util
+    from multiprocessing import forkserver, util
 
     server_env = {SPAWNER_ENV: str(os.getpid())}
     try:
-        # The resource tracker before the folder (ensure_running below starts it between the two otherwise): the
-        # folder is nobody's until the server that removes it is running, and a SIGKILL while the tracker started
-        # left it behind (/tmp/pymp-*, about one kill in ten at the moment a pool of 2,000 files started).
-        with interrupts_ignored(), _on_start_cores():
-            resource_tracker.ensure_running()
         server_env[SPAWNER_TEMPDIR_ENV] = util.get_temp_dir()  # made now, or by ensure_running below
     except OSError:
         if strict:
