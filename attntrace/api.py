@@ -147,7 +147,9 @@ class Report:
         """The report as `attntrace lint --format FMT` writes it: text (with ANSI colour when asked), json, sarif,
         github, markdown, html (needs the html extra) or parquet."""
         if fmt == "json":
-            return self.to_json().encode()
+            # Bytes as orjson writes them: a str between (to_json) was two more copies of a report that grows with
+            # the number of traces.
+            return orjson.dumps(self.data, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
         if fmt == "sarif":
             from attntrace.checks.catalog import load_rules
             from attntrace.formats import sarif
@@ -186,7 +188,7 @@ class Report:
 
     def to_json(self) -> str:
         """The JSON report, byte for byte what `attntrace lint --format json` writes."""
-        return (orjson.dumps(self.data, option=orjson.OPT_INDENT_2) + b"\n").decode()
+        return self.render("json").decode()
 
     def to_polars(self) -> Any:
         """One row per cause and per consequence (`findings` holds the causes, each with its consequences), the

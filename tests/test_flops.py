@@ -125,6 +125,21 @@ def test_gathers_read_the_rows_they_select_and_reductions_write_little() -> None
     assert mean is not None and mean.bytes == 16 * 559 * 1024 * 4
 
 
+def test_an_out_buffer_is_written_not_read() -> None:
+    # Shapes of HTA's negative_queue_length trace of the corpus: mul.out(self, scalar, out=) was counted as reading
+    # its out= buffer too, and ran 1.3x past its roof.
+    fp32 = 128 * 2862 * 4
+    out = flops.op_cost("aten::mul", [[128, 2862], [], [128, 2862]], ["float", "double", "float"], None)
+    assert out is not None and out.bytes == 2 * fp32
+    plain = flops.op_cost("aten::mul", [[128, 2862], [128, 2862]], ["float", "float"], None)
+    assert plain is not None and plain.bytes == 3 * fp32
+    add_out = flops.op_cost("aten::add", [[4, 8], [4, 8], [], [4, 8]], ["float", "float", "Scalar", "float"], None)
+    assert add_out is not None and add_out.bytes == 3 * 128
+    # div's rounding mode is a third argument, not a tensor: no out= buffer.
+    mode = flops.op_cost("aten::div", [[4, 8], [4, 8], []], ["float", "float", "c10::string_view"], None)
+    assert mode is not None and mode.bytes == 3 * 128
+
+
 def test_no_op_of_the_samples_runs_past_its_memory_roof_by_more_than_the_roof_s_spread() -> None:
     from attntrace import api
 

@@ -49,6 +49,14 @@ _TAR_NAME = re.compile(r"\.(tar\.(bz2|zst|zstd|xz)|tbz2?|tzst|txz)$", re.IGNOREC
 _ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|tbz|tbz2|txz|tzst|bz2|zst|zstd|xz|zip|7z|tar))+$", re.IGNORECASE)
 
 
+def _new_file_name(bare: str, base: str) -> str:
+    """A name for the unpacked trace, in the folder where the command runs, that is neither the file itself (the
+    shell would empty it before it is read: xz.json > xz.json) nor a file already there (a.json beside a.json.xz
+    would be replaced)."""
+    candidates = [f"{bare}.json", f"{bare}.unpacked.json", *(f"{bare}.unpacked.{n}.json" for n in range(1, 100))]
+    return next((c for c in candidates if c != base and not os.path.lexists(c)), candidates[-1])
+
+
 def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> TraceError | None:
     """Why bytes that begin with `head` are no trace when they are another compression or an archive (bz2, zstd,
     xz, zip, 7z, tar), with the command that extracts them from the file `name`; None otherwise. `gzipped`: these
@@ -56,8 +64,7 @@ def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> Trac
     file = shlex.quote(name)
     base = os.path.basename(name)
     bare = _ARCHIVE_SUFFIXES.sub("", base) or "traces"
-    # Never the file's own name: the shell would empty it before it is read (xz.json > xz.json).
-    out = shlex.quote(f"{bare}.json" if f"{bare}.json" != base else f"{bare}.unpacked.json")
+    out = shlex.quote(_new_file_name(bare, base))
     stem = shlex.quote(bare)
     if gzipped and head.startswith(GZIP_MAGIC):  # compressed twice: attntrace undoes one gzip, as Kineto writes one
         return TraceError("unsupported", f"the gzip stream holds another gzip stream (compressed twice): "
