@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import sample
+from conftest import ROOT, sample
 
 from attntrace.cli import main
 
@@ -29,3 +35,58 @@ def test_the_command_that_unpacks_a_file_never_names_a_file_that_is_there(tmp_pa
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", "a.json.xz"])
     assert result.stderr.rstrip().endswith("xz -dc a.json.xz > a.unpacked.1.json")
     assert Path("a.json").read_bytes() == trace
+
+
+@pytest.mark.parametrize("inside", [b".", b"e", b"e-", b"-"])
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_file_cut_inside_a_number_is_cut_off_and_salvaged(tmp_path: Path, inside: bytes, gzipped: bool):
+    # msgspec says "invalid number" rather than "truncated" when the data ends inside a number: a file cut after
+    # `"dur": 11.` was "not valid JSON", and --salvage refused it.
+    from attntrace import api
+
+    trace = gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    middle = trace.index(b'"dur": ', len(trace) // 2) + len(b'"dur": ')
+    cut = trace[:middle] + b"11" + inside
+    path = tmp_path / ("cut.json.gz" if gzipped else "cut.json")
+    path.write_bytes(gzip.compress(cut) if gzipped else cut)
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(path)])
+    assert result.exit_code == 2
+    assert "JSON is cut off" in result.stderr and "--salvage analyses the complete events" in result.stderr
+    salvaged = api.lint([path], salvage=True, fail_on="never").traces[0]
+    assert salvaged.ok and salvaged.incomplete and salvaged.events > 100
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_of_a_killed_parent_remove_the_copies_they_were_writing(tmp_path: Path):
+    # A worker ended by its parent's death with SIGKILL left its half-written --annotate copy (.tmp) beside the
+    # outputs, at every kill.
+    from test_hostile_round9 import _descendants, _running
+
+    doc = json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+    text = json.dumps({**doc, "traceEvents": doc["traceEvents"] * 60})
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    for i in range(4):
+        (inputs / f"rank{i}.json").write_text(text)
+    proc = subprocess.Popen([sys.executable, "-m", "attntrace", "lint", "--jobs", "2", "--annotate", str(out),
+                             str(inputs)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.is_dir() and any(p.name.endswith(".tmp") for p in out.rglob("*")):
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before any copy was being written"
+        children = _descendants(proc.pid)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(map(_running, children)):
+            time.sleep(0.1)
+        assert not [pid for pid in children if _running(pid)]
+        assert not [p.name for p in out.rglob("*") if p.name.endswith(".tmp")]
+    finally:
+        proc.kill()
+        for pid in _descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)

@@ -105,11 +105,11 @@ def _decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False)
     except msgspec.ValidationError:
         return _decode_tolerant(path, data)
     except msgspec.DecodeError as exc:
-        if head == b"[" and "truncated" in str(exc):
+        if head == b"[" and _cut_off(exc, data):
             closed = _closed_array(path, data)
             if closed is not None:
                 return closed
-        if salvage and "truncated" in str(exc):
+        if salvage and _cut_off(exc, data):
             return salvaged(path, data, start)
         offset = _error_offset(exc)
         if offset >= 0 and _NONFINITE.match(data, offset):
@@ -152,6 +152,16 @@ _NONFINITE_TOKEN = re.compile(rb"(?<=[:,\[])(\s*)(?:-?Infinity|NaN)(?=\s*[,}\]])
 
 
 _BYTE_OFFSET = re.compile(r"\(byte (\d+)\)")
+
+
+def _cut_off(exc: Exception, data: Buffer) -> bool:
+    """Whether the JSON error is the end of the data: msgspec says "truncated", except inside a number, where it
+    says "invalid number" at the last byte (a file cut after `"dur": 11.` was "not valid JSON", and --salvage
+    refused it)."""
+    if "truncated" in str(exc):
+        return True
+    offset = _error_offset(exc)
+    return offset >= 0 and len(data) - offset <= 64 and not bytes(data[offset:]).strip(b" \t\r\n0123456789.eE+-")
 
 
 def _error_offset(exc: Exception) -> int:
@@ -403,7 +413,7 @@ def _decode_tolerant(path: str, data: Buffer) -> RawTrace:
         offset = _error_offset(exc)
         if offset >= 0 and _NONFINITE.match(data, offset):  # as _decode does: Python's json writes them
             return _decode_nonfinite(path, data, False)
-        raise TraceError("not-json", _json_problem(exc)) from exc
+        raise TraceError("not-json", _json_problem(exc, data)) from exc
     return _from_builtins(path, len(data), document)
 
 
@@ -442,18 +452,18 @@ NONSTANDARD_MAX_BYTES = 256 << 20  # the standard library's json needs several t
 def _decode_nonstandard(path: str, data: Buffer, exc: msgspec.DecodeError) -> RawTrace:
     """Python's json accepts NaN and Infinity, which some writers emit; anything else is refused. A cut-off
     file or a very large one is refused at once with msgspec's reason."""
-    if "truncated" in str(exc) or len(data) > NONSTANDARD_MAX_BYTES:
-        raise TraceError("not-json", _json_problem(exc)) from exc
+    if _cut_off(exc, data) or len(data) > NONSTANDARD_MAX_BYTES:
+        raise TraceError("not-json", _json_problem(exc, data)) from exc
     try:
         document = json.loads(data if isinstance(data, (bytes, bytearray)) else bytes(data))
     except (ValueError, RecursionError):
-        raise TraceError("not-json", _json_problem(exc)) from exc
+        raise TraceError("not-json", _json_problem(exc, data)) from exc
     return _from_builtins(path, len(data), document)
 
 
-def _json_problem(exc: Exception) -> str:
+def _json_problem(exc: Exception, data: Buffer) -> str:
     text = str(exc)
-    if "truncated" in text:
+    if _cut_off(exc, data):
         return f"JSON is cut off ({text}); --salvage analyses the complete events"
     return f"not valid JSON ({text})"
 

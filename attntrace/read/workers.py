@@ -211,7 +211,7 @@ def _leave_on_sigterm(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def _kill_me_when_parent_dies(signum: int = signal.SIGKILL) -> bool:
+def _kill_me_when_parent_dies(signum: int) -> bool:
     """Ask Linux to send this process `signum` when its parent ends (PR_SET_PDEATHSIG); False where it cannot."""
     if not sys.platform.startswith("linux"):
         return False
@@ -228,8 +228,10 @@ def die_with_parent() -> None:
     """A worker process ends when its parent does, however the parent ends (SIGKILL, the OOM killer): a worker
     holds both ends of its own task pipe, so it never sees the parent go, and went on decoding gigabytes for
     nobody. Its parent is the fork server (or, with spawn, the process that asked for it). A parent gone before
-    this ran is seen by its pid: the worker leaves at once."""
-    if _kill_me_when_parent_dies() and _server_pid is not None and os.getppid() != _server_pid:
+    this ran is seen by its pid: the worker leaves at once. The signal is SIGTERM, which the worker answers by
+    removing the temporary files of the outputs it was writing (_leave_on_sigterm): with SIGKILL, an --annotate
+    copy half written stayed beside the outputs at every kill of the parent."""
+    if _kill_me_when_parent_dies(signal.SIGTERM) and _server_pid is not None and os.getppid() != _server_pid:
         os._exit(1)
 
 
