@@ -90,3 +90,20 @@ def test_workers_of_a_killed_parent_remove_the_copies_they_were_writing(tmp_path
         proc.kill()
         for pid in _descendants(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_file_is_known_by_what_it_is_not_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # `L/../t.json` through a linked folder L is real/t.json, another file: it was dropped as a duplicate of t.json,
+    # with no word. A link to t.json, which is t.json, was analysed and reported twice.
+    from attntrace import api
+
+    monkeypatch.chdir(tmp_path)
+    trace = gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    Path("t.json").write_bytes(trace)
+    Path("real/sub").mkdir(parents=True)
+    Path("real/t.json").write_bytes(trace)
+    Path("L").symlink_to("real/sub")
+    Path("link.json").symlink_to("t.json")
+    report = api.lint(["t.json", "L/../t.json", "link.json", "./t.json"], fail_on="never")
+    assert [t.path for t in report.traces] == ["t.json", "L/../t.json"]
+    assert all(t.ok for t in report.traces)

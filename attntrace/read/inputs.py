@@ -46,17 +46,28 @@ def discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]:
     """Expand directories into their JSON files, sorted; yield (path, the directory or pattern it was found in as
     given, else None) for each input, or why the input is unusable. A directory scan takes regular files only (a
     FIFO there would block); a FIFO or pipe named on the command line is read as a stream. A file named twice
-    (`a.json ./a.json`, a directory and a file in it) is analysed and reported once, where it came first."""
-    seen: set[str] = set()
+    (`a.json ./a.json`, a link to it, a directory and a file in it) is analysed and reported once, where it came
+    first."""
+    seen: set[tuple[int, int] | str] = set()
     for item in _discover(paths):
         path = item[0] if isinstance(item, tuple) else item.path
         # Only local files: stdin named twice gets its own error, and a URL is another file at every read.
-        key = os.path.abspath(path) if path and path != "-" and "://" not in path else None
+        key = _identity(path) if path and path != "-" and "://" not in path else None
         if key is not None and key in seen:
             continue
         if key is not None:
             seen.add(key)
         yield item
+
+
+def _identity(path: str) -> tuple[int, int] | str:
+    """The file behind a path: its device and inode, else its real path. Not the path made absolute as text:
+    `L/../t.json` through a linked folder L is another file than `t.json`, and was passed over as its duplicate."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return os.path.realpath(path)
+    return (status.st_dev, status.st_ino) if status.st_ino else os.path.realpath(path)
 
 
 def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]:
