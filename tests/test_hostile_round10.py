@@ -201,11 +201,24 @@ def test_diff_says_when_the_gpus_differ(tmp_path: Path):
     new.write_text(json.dumps(other))
     same.write_text(json.dumps(doc))
     text = CliRunner().invoke(main, ["diff", str(base), str(new)]).stdout
-    assert "the GPUs differ: NVIDIA H200 -> NVIDIA A100-SXM4-80GB" in text
+    assert "the GPUs differ (NVIDIA H200 -> NVIDIA A100-SXM4-80GB)" in text
     assert "the GPUs differ" not in CliRunner().invoke(main, ["diff", str(base), str(same)]).stdout
     result = CliRunner().invoke(main, ["diff", str(base), str(new), "--format", "json"])
     comparison, = json.loads(result.stdout)["comparisons"]
     assert comparison["devices"] == {"base": ["NVIDIA H200"], "new": ["NVIDIA A100-SXM4-80GB"]}
+    # ... and no verdict: stretched 3x on the other GPU, it was a REGRESSION that failed the gate (exit 1).
+    slower = json.loads(json.dumps(other))
+    for event in slower["traceEvents"]:
+        for key in ("ts", "dur"):
+            if isinstance(event.get(key), (int, float)):
+                event[key] *= 3
+    new.write_text(json.dumps(slower))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    assert comparison["step"]["not_compared"] == ("not compared: the GPUs differ (NVIDIA H200 -> NVIDIA "
+                                                  "A100-SXM4-80GB); to judge the code, capture both on the same GPUs")
+    assert not comparison["regression"] and comparison["step"]["confidence_slower"] is None
 
 
 @pytest.mark.parametrize("pattern", ["{root}/**/*.json", "{root}/locked/*.json"])

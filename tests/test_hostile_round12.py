@@ -107,3 +107,26 @@ def test_a_file_is_known_by_what_it_is_not_by_its_name(tmp_path: Path, monkeypat
     report = api.lint(["t.json", "L/../t.json", "link.json", "./t.json"], fail_on="never")
     assert [t.path for t in report.traces] == ["t.json", "L/../t.json"]
     assert all(t.ok for t in report.traces)
+
+
+def test_diff_gives_no_verdict_between_one_gpu_and_two(tmp_path: Path):
+    # A trace against the same trace on two GPUs (its kernels run again on a second device) was a REGRESSION with
+    # --fail-over, exit 1, and nothing said that the number of GPUs differed.
+    doc = json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+    two = json.loads(json.dumps(doc))
+    for event in doc["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            copy = json.loads(json.dumps(event))
+            copy["pid"], copy["args"]["device"] = 1, 1
+            copy["dur"] = 3 * copy["dur"]
+            two["traceEvents"].append(copy)
+    two["deviceProperties"] = [doc["deviceProperties"][0], {**doc["deviceProperties"][0], "id": 1}]
+    base, new = tmp_path / "one.json", tmp_path / "two.json"
+    base.write_text(json.dumps(doc))
+    new.write_text(json.dumps(two))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    assert comparison["step"]["not_compared"] == ("not compared: the number of GPUs differs (1 -> 2); to judge "
+                                                  "the code, capture both on the same GPUs")
+    assert not comparison["regression"]

@@ -110,6 +110,21 @@ def _different_bases(base: str, new: str) -> str | None:
             "attntrace.profile)")
 
 
+def _different_gpus(base: Any, new: Any) -> str | None:
+    """Why steps on different GPUs get no verdict: the change is the hardware's as much as the code's (a trace
+    relabelled from an H200 to an A100 was a REGRESSION, exit 1, under --fail-over). GPUs that name no model are not
+    told apart."""
+    names = {"base": _gpu_names(base), "new": _gpu_names(new)}
+    counts = {"base": len(base.devices), "new": len(new.devices)}
+    if names["base"] and names["new"] and names["base"] != names["new"]:
+        what = f"the GPUs differ ({', '.join(names['base'])} -> {', '.join(names['new'])})"
+    elif counts["base"] and counts["new"] and counts["base"] != counts["new"]:
+        what = f"the number of GPUs differs ({counts['base']} -> {counts['new']})"
+    else:
+        return None
+    return f"not compared: {what}; to judge the code, capture both on the same GPUs"
+
+
 def unprofiled_steps(trace: Any) -> tuple[list[float], str]:
     """The program's steps without the profiler, and how they are known: "measured" in the capturing run where the
     trace carries them (attntrace.profile), else "estimated" by the replay (each step, its slowest device), else
@@ -182,7 +197,8 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
     not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
-                                  {"base": bt, "new": nt}) or _different_bases(base_basis, new_basis)
+                                  {"base": bt, "new": nt}) or _different_bases(base_basis, new_basis) \
+        or _different_gpus(bt, nt)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
     if not_compared:
@@ -362,7 +378,8 @@ def render(result: dict[str, Any]) -> str:
         if c.get("why"):
             out.append(f"  why: {c['why']}")
         devices = c.get("devices") or {}
-        if devices.get("base") and devices.get("new") and devices["base"] != devices["new"]:
+        if devices.get("base") and devices.get("new") and devices["base"] != devices["new"] \
+                and "GPUs differ" not in (step.get("not_compared") or ""):
             out.append(f"  the GPUs differ: {', '.join(devices['base'])} -> {', '.join(devices['new'])} (the change "
                        "includes the hardware's; compare on one GPU model to judge the code alone)")
         out.append("")
