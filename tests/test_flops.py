@@ -140,6 +140,17 @@ def test_an_out_buffer_is_written_not_read() -> None:
     assert mode is not None and mode.bytes == 3 * 128
 
 
+def test_nll_loss_touches_one_class_a_sample() -> None:
+    # The GPT-2 training samples' shapes: counted as reading the whole [4088, 8192] input, nll_loss ran 3.5x (forward)
+    # and 6.5x (backward) past its roof.
+    forward = flops.op_cost("aten::nll_loss_forward", [[4088, 8192], [4088], [], [], []],
+                            ["float", "long int", "", "Scalar", "Scalar"], None)
+    assert forward is not None and forward.bytes == 4088 * (4 + 8)
+    backward = flops.op_cost("aten::nll_loss_backward", [[], [4088, 8192], [4088], [], [], [], []],
+                             ["float", "float", "long int", "", "Scalar", "Scalar", "float"], None)
+    assert backward is not None and backward.bytes == 4088 * (4 + 8)
+
+
 def test_no_op_of_the_samples_runs_past_its_memory_roof_by_more_than_the_roof_s_spread() -> None:
     from attntrace import api
 
