@@ -130,3 +130,30 @@ def test_diff_gives_no_verdict_between_one_gpu_and_two(tmp_path: Path):
     assert comparison["step"]["not_compared"] == ("not compared: the number of GPUs differs (1 -> 2); to judge "
                                                   "the code, capture both on the same GPUs")
     assert not comparison["regression"]
+
+
+_UNGUARDED_SCRIPT = """
+import json, sys
+from attntrace import api
+report = api.lint(sys.argv[1:], jobs=2, fail_on="never")
+print(json.dumps([t.error for t in report.traces]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux's")
+def test_a_script_that_lints_at_its_top_level_gets_its_workers(tmp_path: Path):
+    # Without `if __name__ == "__main__":`, each worker ran the script's call again while multiprocessing imported
+    # the script in it: every worker died, every trace was "out of memory (the worker was killed)", with 16 lines of
+    # multiprocessing's message per worker and a /tmp/pymp-* folder left by each.
+    script = tmp_path / "lint_all.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    traces = [sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math"), sample("bf16_causal_fwd/naive")]
+    copies = []
+    for i, path in enumerate(traces):
+        copies.append(tmp_path / f"rank{i}.pt.trace.json.gz")
+        copies[-1].write_bytes(Path(path).read_bytes())
+    done = subprocess.run([sys.executable, str(script), *map(str, copies)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [None, None, None]
+    assert done.stderr == ""

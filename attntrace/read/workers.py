@@ -28,6 +28,8 @@ from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_t
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
 PRELOAD = ["attntrace.model.tables"]
+UNGUARDED_MAIN = ("a worker process imported the main script, which started workers again: put the script's call "
+                  "of attntrace under `if __name__ == '__main__':`")
 CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
 # Processes, this one included, that decode one big trace's pieces: unset or 0 for one per usable core (shared
 # among the --jobs), 1 for this process alone.
@@ -139,6 +141,11 @@ QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 def context() -> BaseContext:
     """The forkserver context where this platform has one, else spawn (each worker then imports on its own)."""
     global _context
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # A worker that imports the caller's script (multiprocessing does, to find what the script defines) ran an
+        # unguarded call of the script again. multiprocessing refuses it too, in 16 lines, after a folder of its
+        # own was made (/tmp/pymp-*, left at every worker's end: 126 for a script that linted 50 files).
+        raise RuntimeError(UNGUARDED_MAIN)
     with _lock:
         if _context is None:
             # The resource tracker (a process of its own, started with this interpreter's -W options) unlinks the
@@ -250,6 +257,7 @@ def _die_with_spawner() -> None:
         # stdout held open (a caller waiting for it hung).
         _leave_orphaned()
     sys.excepthook = _server_error_in_one_line
+    _keep_the_callers_script_out()
     _server_pid = os.getpid()  # what a worker forked from here sees as its parent
     signal.signal(signal.SIGTERM, _leave_with_the_parent)
     atexit.register(_remove_the_folder_of_a_dead_parent)
@@ -257,6 +265,22 @@ def _die_with_spawner() -> None:
         _server_pid = None
     elif os.environ.get(SPAWNER_ENV) != str(os.getppid()):  # the parent went before the request was made
         _leave_orphaned()
+
+
+def _keep_the_callers_script_out() -> None:
+    """In the fork server: its workers do not run the caller's main module, as multiprocessing has each worker do
+    to find what the module defines. They run attntrace's functions alone. A script that called attntrace.lint(...,
+    jobs=2) at its top level, without `if __name__ == "__main__":`, ran that call again in every worker: each
+    died of it, and every trace was reported as "out of memory (the worker was killed)"."""
+    from multiprocessing import spawn
+
+    for name in ("_fixup_main_from_path", "_fixup_main_from_name"):
+        if hasattr(spawn, name):
+            setattr(spawn, name, _not_imported)
+
+
+def _not_imported(main: str) -> None:
+    """The caller's main module (its path or its name), which a worker does not import."""
 
 
 def _leave_orphaned() -> None:
