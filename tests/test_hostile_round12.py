@@ -157,3 +157,22 @@ def test_a_script_that_lints_at_its_top_level_gets_its_workers(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [None, None, None]
     assert done.stderr == ""
+
+
+def test_diff_gives_no_verdict_on_a_trace_whose_gpu_events_have_no_duration(tmp_path: Path):
+    # Kernels of 1e15 us are read as 0 (a note says so): the trace's steps then held its CPU time alone, and against
+    # the same trace intact that was a REGRESSION of +620% (exit 1 under --fail-over).
+    doc = json.loads(gzip.decompress(Path(sample("workloads/low_occupancy_kernel")).read_bytes()))
+    absurd = json.loads(json.dumps(doc))
+    for event in absurd["traceEvents"]:
+        if event.get("cat") == "kernel":
+            event["dur"] = 1e15
+    base, new = tmp_path / "absurd.json", tmp_path / "intact.json"
+    base.write_text(json.dumps(absurd))
+    new.write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    assert comparison["step"]["not_compared"].startswith("not compared: the base trace's 7 GPU event(s) have no "
+                                                         "duration (read as 0")
+    assert not comparison["regression"]

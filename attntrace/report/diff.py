@@ -110,6 +110,17 @@ def _different_bases(base: str, new: str) -> str | None:
             "attntrace.profile)")
 
 
+def _untimed_gpu(traces: dict[str, Any]) -> str | None:
+    """Why a side whose GPU events all lack a duration (absurd or negative ones are read as 0) gets no verdict: its
+    steps hold no GPU work to compare. A trace whose kernels all lasted 1e15 us was a REGRESSION of +620% against
+    the same trace intact: 142 us of CPU against 1,026 us with the GPU's work."""
+    for side, trace in traces.items():
+        if trace.has_gpu and not trace.gpu["dur"].fill_null(0.0).sum() > 0:
+            return (f"not compared: the {side} trace's {trace.gpu.height} GPU event(s) have no duration (read as 0: "
+                    "its notes say why), so its steps hold no GPU work; to compare, capture it again")
+    return None
+
+
 def _different_gpus(base: Any, new: Any) -> str | None:
     """Why steps on different GPUs get no verdict: the change is the hardware's as much as the code's (a trace
     relabelled from an H200 to an A100 was a REGRESSION, exit 1, under --fail-over). GPUs that name no model are not
@@ -198,7 +209,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
     not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
                                   {"base": bt, "new": nt}) or _different_bases(base_basis, new_basis) \
-        or _different_gpus(bt, nt)
+        or _untimed_gpu({"base": bt, "new": nt}) or _different_gpus(bt, nt)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
     if not_compared:
