@@ -109,6 +109,19 @@ def test_a_file_is_known_by_what_it_is_not_by_its_name(tmp_path: Path, monkeypat
     assert all(t.ok for t in report.traces)
 
 
+def _gated_diff(folder: Path, base_doc: dict, new_doc: dict) -> dict:
+    """`diff BASE NEW --fail-over 5` of two documents: its step comparison, after checking that it passed the gate
+    with no verdict."""
+    base, new = folder / "base.json", folder / "new.json"
+    base.write_text(json.dumps(base_doc))
+    new.write_text(json.dumps(new_doc))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    comparison, = json.loads(result.stdout)["comparisons"]
+    assert not comparison["regression"] and comparison["step"]["confidence_slower"] is None
+    return comparison["step"]
+
+
 def test_diff_gives_no_verdict_between_one_gpu_and_two(tmp_path: Path):
     # A trace against the same trace on two GPUs (its kernels run again on a second device) was a REGRESSION with
     # --fail-over, exit 1, and nothing said that the number of GPUs differed.
@@ -121,15 +134,9 @@ def test_diff_gives_no_verdict_between_one_gpu_and_two(tmp_path: Path):
             copy["dur"] = 3 * copy["dur"]
             two["traceEvents"].append(copy)
     two["deviceProperties"] = [doc["deviceProperties"][0], {**doc["deviceProperties"][0], "id": 1}]
-    base, new = tmp_path / "one.json", tmp_path / "two.json"
-    base.write_text(json.dumps(doc))
-    new.write_text(json.dumps(two))
-    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    comparison, = json.loads(result.stdout)["comparisons"]
-    assert comparison["step"]["not_compared"] == ("not compared: the number of GPUs differs (1 -> 2); to judge "
-                                                  "the code, capture both on the same GPUs")
-    assert not comparison["regression"]
+    step = _gated_diff(tmp_path, doc, two)
+    assert step["not_compared"] == ("not compared: the number of GPUs differs (1 -> 2); to judge the code, capture "
+                                    "both on the same GPUs")
 
 
 _UNGUARDED_SCRIPT = """
@@ -167,12 +174,5 @@ def test_diff_gives_no_verdict_on_a_trace_whose_gpu_events_have_no_duration(tmp_
     for event in absurd["traceEvents"]:
         if event.get("cat") == "kernel":
             event["dur"] = 1e15
-    base, new = tmp_path / "absurd.json", tmp_path / "intact.json"
-    base.write_text(json.dumps(absurd))
-    new.write_text(json.dumps(doc))
-    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    comparison, = json.loads(result.stdout)["comparisons"]
-    assert comparison["step"]["not_compared"].startswith("not compared: the base trace's 7 GPU event(s) have no "
-                                                         "duration (read as 0")
-    assert not comparison["regression"]
+    step = _gated_diff(tmp_path, absurd, doc)
+    assert step["not_compared"].startswith("not compared: the base trace's 7 GPU event(s) have no duration (read as 0")
