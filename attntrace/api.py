@@ -271,7 +271,10 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
 def _tokens(value: str | Iterable[str] | None) -> list[str]:
     if value is None:
         return []
-    items = value.split(",") if isinstance(value, str) else value
+    items = value.split(",") if isinstance(value, str) else list(value)
+    odd = next((v for v in items if not isinstance(v, str)), None)
+    if odd is not None:  # select=[101] was "'int' object has no attribute 'strip'"
+        raise TypeError(f"rules are named by text (an id, a name or a prefix), not {odd!r}")
     return [v.strip() for v in items if v.strip()]
 
 
@@ -308,10 +311,31 @@ def _lint_one(path: str, settings: Settings, options: Any, timelines: bool, anno
     return _Linted(part, timeline)
 
 
+GROUPS = ("auto", "ranks", "none")  # lint's `group`, as `attntrace lint --group`
+
+
 def _paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
-    if isinstance(paths, str | os.PathLike):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
+    """Paths as text: str, os.PathLike or bytes (a bytes path was iterated as numbers: "expected str, bytes or
+    os.PathLike object, not int")."""
+    if isinstance(paths, str | bytes | os.PathLike):
+        return [_path(paths)]
+    return [_path(p) for p in paths]
+
+
+def _path(path: Any) -> str:
+    if not isinstance(path, str | bytes | os.PathLike):
+        raise TypeError(f"a path must be str, bytes or os.PathLike, not {type(path).__name__}")
+    return os.fsdecode(path)
+
+
+def _max_size(value: int | None) -> int | None:
+    """max_size as given: None for the default, else a whole number of bytes above 0 (0 meant the default, and a
+    negative one made every trace unreadable)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"max_size must be a number of bytes above 0, not {value!r}")
+    return value
 
 
 def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | None = None,
@@ -342,6 +366,10 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
     from attntrace.report import engine
 
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {', '.join(GROUPS)}, not {group!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int):
+        raise TypeError(f"jobs must be a whole number, not {jobs!r}")
     chosen = build_settings(select, ignore, settings, fail_on, config)
     known = _read_baseline(os.fspath(baseline)) if baseline is not None else None
     measured_run = _read_measured(os.fspath(measured)) if measured is not None else None
@@ -352,7 +380,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
 
         kept = [os.fspath(p) for p in (*keep, *([config] if config else []))]
         targets = targets_for(names, os.fspath(annotate), kept)
-    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage, input_roots(names))
+    options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage, input_roots(names))
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []
     views: dict[str, dict[str, Any]] = {}
@@ -424,9 +452,9 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
-    name = os.fspath(path)
+    name = _paths(path)[0]
     settings = build_settings(config=config)
-    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+    options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage)
     # guarded, as lint's inputs are: JSON nested 10,000 deep or a full memory is this file's one line too.
     data = _one_line_on_failure(name, lambda p: {"path": name, **summarize_trace(load(p, options), settings,
                                                                                  with_path=True)})
@@ -461,7 +489,7 @@ def _one_line_on_failure(name: str, work: Callable[[str], T]) -> T:
 def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
            pin_copies: bool = False, graph: bool = False, offload_loader: bool = False,
            config: PathLike | None = None, max_size: int | None = None, salvage: bool = False,
-           settings: Settings | None = None) -> dict[str, Any]:
+           settings: Settings | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`attntrace whatif`: the trace's steps replayed without the profiler, before and after a change (kernel
     classes `speedup`-times faster, host syncs dropped, pageable copies pinned, launches graphed), per device, with
     the critical path before. settings: built already (the command line's, from --config or the nearest
@@ -473,9 +501,11 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
-    name = os.fspath(path)
-    settings = settings or build_settings(config=config)
-    options = ReadOptions(max_size or DEFAULT_MAX_BYTES, salvage)
+    name = _paths(path)[0]
+    # A mapping of rule parameters, as lint takes, not only Settings built already (a dict was "internal error
+    # (AttributeError ...); please report it", blamed on the trace).
+    settings = settings if isinstance(settings, Settings) else build_settings(settings=settings, config=config)
+    options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage)
 
     def read_and_summarize(given: str) -> tuple[Any, dict[str, Any]]:
         trace = load(given, options)

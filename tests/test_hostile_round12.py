@@ -176,3 +176,48 @@ def test_diff_gives_no_verdict_on_a_trace_whose_gpu_events_have_no_duration(tmp_
             event["dur"] = 1e15
     step = _gated_diff(tmp_path, absurd, doc)
     assert step["not_compared"].startswith("not compared: the base trace's 7 GPU event(s) have no duration (read as 0")
+
+
+def test_a_toml_integer_too_long_for_python_is_the_config_s_one_line_error(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    # tomllib raises a plain ValueError for an integer past Python's 4,300 digits: a 53-line traceback, exit 1,
+    # from any tool's table of the pyproject.toml found beside the run.
+    monkeypatch.chdir(tmp_path)
+    Path("pyproject.toml").write_text(f"[tool.other]\nv = {'9' * 4301}\n")
+    result = CliRunner().invoke(main, ["lint", sample("bf16_causal_fwd/naive")])
+    assert result.exit_code == 2
+    line, = result.stderr.splitlines()
+    assert line.startswith(f"error: {tmp_path / 'pyproject.toml'}: not valid TOML (Exceeds the limit (4300 digits)")
+
+
+def test_a_config_list_names_the_element_that_is_wrong(tmp_path: Path):
+    config = tmp_path / "attntrace.toml"
+    config.write_text("select = ['AT1', 2]\n")
+    result = CliRunner().invoke(main, ["lint", "--config", str(config), sample("bf16_causal_fwd/naive")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {config}: 'select' must be a list of rule ids, names or prefixes, "
+                                          "not a list holding the number 2"]
+
+
+def test_the_api_checks_what_the_command_line_checks(tmp_path: Path):
+    # Each was accepted, or failed far from its cause: a NaN speed-up gave a saving larger than infinity's, a mapping
+    # of settings was "internal error ... please report it" blamed on the trace, a bytes path was iterated as
+    # numbers, max_size=-5 made every trace unreadable, group="zzz" passed, select=[101] was an AttributeError.
+    from attntrace import api
+
+    trace = sample("bf16_causal_fwd/naive")
+    with pytest.raises(ValueError, match="must be a finite number above 0"):
+        api.whatif(trace, speedup={"gemm_tensor_core": float("nan")})
+    assert api.whatif(trace, settings={"AT101.min_bytes": 1})["devices"]
+    assert api.summarize(trace.encode()).steps == api.summarize(trace).steps
+    assert [t.ok for t in api.lint(trace.encode(), fail_on="never").traces] == [True]
+    with pytest.raises(ValueError, match="max_size must be a number of bytes above 0"):
+        api.lint(trace, max_size=-5)
+    with pytest.raises(ValueError, match="group must be one of auto, ranks, none"):
+        api.lint(trace, group="zzz")
+    with pytest.raises(TypeError, match="jobs must be a whole number"):
+        api.lint(trace, jobs="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rules are named by text"):
+        api.lint(trace, select=[101])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"a path must be str, bytes or os\.PathLike, not int"):
+        api.lint([3])  # type: ignore[list-item]

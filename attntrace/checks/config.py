@@ -90,6 +90,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from exc
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError as exc:  # an integer past Python's 4,300 digits for int(): tomllib raises it as it is
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     if path.name == "pyproject.toml" or "tool" in data:
         tool = data.get("tool", {})
         if not isinstance(tool, dict):
@@ -118,7 +120,13 @@ def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:
             raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known: select, ignore, fail-on, rules, "
                               "profiler_cost, min_saving_share)")
         if key in ("select", "ignore"):
-            if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            if isinstance(value, list):
+                # The element that is wrong, not the list ("must be a list of rule ids, not a list").
+                odd = next((v for v in value if not isinstance(v, str)), None)
+                if odd is not None:
+                    raise ConfigError(f"{source}: '{prefix}{key}' must be a list of rule ids, names or prefixes, "
+                                      f"not a list holding {_kind(odd)}")
+            elif not isinstance(value, str):
                 raise wrong(key, "a list of rule ids, names or prefixes", value)
         elif key in ("fail-on", "fail_on"):
             if not isinstance(value, str) or value not in FAIL_ON:

@@ -4,6 +4,7 @@ several fixes together are one replay of their own."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,8 +94,9 @@ def change_for(trace: Any, speedup: dict[str, float] | None = None, drop_syncs: 
     rules/taxonomy.toml (`gemm_fp32_simt`, `attention_flash`, `elementwise`, ...) to how many times faster it runs."""
     factors: dict[int, float] = {}
     for name, factor in sorted((speedup or {}).items()):
-        if factor <= 0:
-            raise ValueError(f"speed-up of {name} must be above 0 (got {factor})")
+        # Not NaN (it passed `<= 0` and gave a saving larger than infinity's) nor infinite, as on the command line.
+        if not isinstance(factor, int | float) or not math.isfinite(factor) or factor <= 0:
+            raise ValueError(f"speed-up of {name} must be a finite number above 0 (got {factor!r})")
         chosen = trace.gpu.filter((pl.col("cls") == name) | (pl.col("group") == name))
         factors.update(dict.fromkeys(chosen["idx"].to_list(), float(factor)))
     return Change(drop_syncs=None if drop_syncs else frozenset(), pin_copies=None if pin_copies else frozenset(),

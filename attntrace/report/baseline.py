@@ -55,6 +55,8 @@ def load(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "empty" if not value else repr(value)
     return "missing" if value is None else {"dict": "an object", "list": "a list"}.get(
         type(value).__name__, f"the {type(value).__name__} {value!r}")
 
