@@ -221,3 +221,30 @@ def test_the_api_checks_what_the_command_line_checks(tmp_path: Path):
         api.lint(trace, select=[101])  # type: ignore[list-item]
     with pytest.raises(TypeError, match=r"a path must be str, bytes or os\.PathLike, not int"):
         api.lint([3])  # type: ignore[list-item]
+
+
+def test_markdown_makes_no_link_or_image_of_a_name_in_the_trace(tmp_path: Path):
+    # `[click](http://...)` and `![x](http://...)` in an op name were a live link and a remote image in the pull-
+    # request comment, outside any code span.
+    from test_hostile_round6 import copies_renamed
+
+    path = copies_renamed(tmp_path, " [click](http://evil.example) ![x](http://evil.example/p.png) `tick")
+    result = CliRunner().invoke(main, ["lint", path, "--format", "markdown", "--fail-on", "never"])
+    assert result.exit_code == 0
+    assert "](http://evil.example" in result.stdout  # the name is there, in code spans and escaped text ...
+    outside_code = [part for line in result.stdout.splitlines() for part in line.split("`")[::2]]
+    assert not [part for part in outside_code if "[click](" in part or "![x](" in part]  # ... and links nowhere
+
+
+def test_the_html_page_escapes_control_characters_as_the_text_report_does(tmp_path: Path):
+    # An escape sequence, a NUL and a right-to-left override (which turns the text after it around) from a kernel or
+    # file name went into the page as they were; every other format escaped them.
+    from conftest import need
+    from test_hostile_round6 import copies_renamed
+
+    need("plotly", "html")
+    path = copies_renamed(tmp_path, "\x1b[31mRED\r\u202eRLO\x00nul", device=" \x1b[1m")
+    result = CliRunner().invoke(main, ["lint", path, "--format", "html", "--fail-on", "never"])
+    assert result.exit_code == 0
+    assert not {"\x1b", "\r", "\u202e", "\x00"} & set(result.stdout)
+    assert "\\x1b[31mRED" in result.stdout

@@ -9,6 +9,7 @@ import math
 import os
 from typing import Any
 
+from attntrace.formats.printable import shown
 from attntrace.formats.text import attention_text, impact_text
 from attntrace.install import pip_install
 from attntrace.report.ranks import render_job
@@ -46,7 +47,10 @@ def _require_plotly() -> Any:
 
 
 def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """A value as HTML text, its control characters escaped as in the text report (`shown`): an escape sequence, a
+    NUL or a right-to-left override (U+202E, which turns the text after it around) from a kernel or file name went
+    into the page as it was."""
+    return html.escape(shown(str(value)), quote=True)
 
 
 def _figure_html(fig: Any, div_id: str) -> str:
@@ -196,7 +200,7 @@ def lint_page(report: dict[str, Any], timelines: dict[str, dict[str, Any]], titl
             f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info "
             f"<span class=\"muted\">(attntrace {_esc(report['tool']['version'])})</span></p>"]
     if report.get("job"):  # one job's ranks: its step times per rank and stragglers, as the text report gives
-        head.append(f"<section class=\"job\"><pre>{_esc(chr(10).join(render_job(report['job'])))}</pre></section>")
+        head.append(f"<section class=\"job\"><pre>{chr(10).join(map(_esc, render_job(report['job'])))}</pre></section>")
     return _page(title, head + trace_sections(report, timelines))
 
 

@@ -123,9 +123,11 @@ def _row(f: dict[str, Any], trace: str) -> str:
 
 
 def _cell(text: str) -> str:
-    """Text in a table cell, outside code spans: one cell and one line, and no HTML of the trace's (a name with
-    `<!--` in it hid the rest of the comment)."""
-    return _one_cell(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+    """Text in a table cell, outside code spans: one cell and one line, and no HTML or links of the trace's (a name
+    with `<!--` in it hid the rest of the comment; one with `[x](http://...)` or `![x](http://...)` made a live link,
+    or an image that loaded where the comment was read). Brackets and backticks are escaped as CommonMark allows."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _one_cell(text.replace("[", "\\[").replace("]", "\\]").replace("`", "\\`"))
 
 
 def _one_cell(text: str) -> str:
