@@ -248,3 +248,27 @@ def test_the_html_page_escapes_control_characters_as_the_text_report_does(tmp_pa
     assert result.exit_code == 0
     assert not {"\x1b", "\r", "\u202e", "\x00"} & set(result.stdout)
     assert "\\x1b[31mRED" in result.stdout
+
+
+def test_correlation_ids_past_64_bits_are_named_not_passed_over(tmp_path: Path):
+    # Ids of 2**63 and more fit no 64-bit integer: every launch was unlinked in silence, the gate passed (exit 0
+    # where the trace as captured exits 1), and AT501 was skipped for "no kernel launch calls" in a trace of 15.
+    from attntrace import api
+
+    doc = json.loads(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+    for event in doc["traceEvents"]:
+        args = event.get("args") or {}
+        if "correlation" in args:
+            args["correlation"] += 2**63
+        if event.get("cat") == "ac2g":
+            event["id"] += 2**63
+    path = tmp_path / "ids.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    report = api.lint([path], fail_on="never").to_dict()
+    notes = report["traces"][0]["summary"]["notes"]
+    assert "15 kernel launch call(s) without a usable correlation id (none, or not a 64-bit integer): the GPU work " \
+           "they queued is not linked to them" in notes
+    assert {s["rule"]: s["reason"] for s in report["skipped"]}["AT501"] == (
+        "no kernel launch call is linked to its GPU work (their correlation ids are unusable)")
+    intact = api.lint([sample("bf16_causal_fwd/naive")], fail_on="never").to_dict()
+    assert not [n for n in intact["traces"][0]["summary"]["notes"] if "correlation id" in n]

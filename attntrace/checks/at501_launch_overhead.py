@@ -19,6 +19,10 @@ def check(ctx: Context) -> list[dict[str, Any]]:
     if not steps.height or not ctx.trace.has_gpu:
         raise Skip("no GPU activity")
     if not steps["launches"].sum():
+        # The step table counts launches linked to their work: calls whose ids link nothing are there all the same.
+        launches = ctx.trace.launches
+        if (launches["is_launch"] & launches["correlation"].is_null()).any():
+            raise Skip("no kernel launch call is linked to its GPU work (their correlation ids are unusable)")
         raise Skip("no kernel launch calls (cudaLaunchKernel, cuLaunchKernel, ...) in the trace")
     replayed = ctx.trace.replay
     if replayed.reason:

@@ -178,6 +178,17 @@ def header(doc: Any) -> tuple[list[dict[str, Any]], dict[str, bool], dict[str, i
     return devices, flags, versions, distributed, odd
 
 
+def _unlinkable_launches(launches: pl.DataFrame) -> list[str]:
+    """A note for kernel launch calls without a usable correlation id: Kineto gives every launch one, so these had
+    ids past 64 bits, fractional ones or none, and the GPU work they queued is linked to no launch or op. Ids of 2**63
+    and more unlinked every launch in silence: the rules that judge launches were skipped as if the trace had none."""
+    if not launches.height or "correlation" not in launches.columns:
+        return []
+    lost = launches.filter(pl.col("is_launch") & pl.col("correlation").is_null()).height
+    return [f"{lost} kernel launch call(s) without a usable correlation id (none, or not a 64-bit integer): the GPU "
+            "work they queued is not linked to them"] if lost else []
+
+
 def build(raw: RawTrace) -> Trace:
     doc = raw.document
     tables = split_trace(raw)
@@ -208,7 +219,8 @@ def build(raw: RawTrace) -> Trace:
               + ([f'{tables.unclosed} "B" event(s) that no "E" closed ignored'] if tables.unclosed else [])
               + ([f'{tables.untimed} event(s) without a time ("ts") ignored'] if tables.untimed else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
-              + _engulfing_ops(tables.ops) + ([measured_note] if measured_note else []),
+              + _engulfing_ops(tables.ops) + _unlinkable_launches(tables.launches)
+              + ([measured_note] if measured_note else []),
         incomplete=raw.incomplete,
         measured=measured,
     )
