@@ -272,3 +272,27 @@ def test_correlation_ids_past_64_bits_are_named_not_passed_over(tmp_path: Path):
         "no kernel launch call is linked to its GPU work (their correlation ids are unusable)")
     intact = api.lint([sample("bf16_causal_fwd/naive")], fail_on="never").to_dict()
     assert not [n for n in intact["traces"][0]["summary"]["notes"] if "correlation id" in n]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named FIFOs are POSIX's")
+def test_an_output_fifo_without_a_reader_is_refused_after_a_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # `-o fifo` with no reader hung for ever, with no word; a FIFO given as input is refused after a wait.
+    from attntrace.formats import output
+
+    monkeypatch.setattr(output, "FIFO_WAIT_S", 0.3)
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--format", "json",
+                                       "-o", str(fifo)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {fifo}: cannot write output (FIFO with no reader (waited 0.3 s))"]
+    # With a reader, the report goes through as before.
+    import threading
+
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--format", "json",
+                                       "--fail-on", "never", "-o", str(fifo)])
+    reader.join(60)
+    assert result.exit_code == 0 and json.loads(received[0])["summary"]["traces"] == 1

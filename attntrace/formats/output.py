@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
+
+FIFO_WAIT_S = 10.0  # how long an output FIFO may wait for its reader, as an input FIFO waits for its writer
 
 
 class WouldOverwriteInput(OSError):
@@ -55,6 +59,10 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
         existing: os.stat_result | None = os.stat(target)  # through symlinks
     except FileNotFoundError:
         existing = None
+    if existing is not None and stat.S_ISFIFO(existing.st_mode):
+        with os.fdopen(_fifo_with_a_reader(target), "wb") as fh:
+            yield fh
+        return
     if existing is not None and not stat.S_ISREG(existing.st_mode) and not stat.S_ISDIR(existing.st_mode):
         with open(target, "wb") as fh:  # /dev/stdout resolves to no path of its own: opened as named
             yield fh
@@ -82,6 +90,24 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
         raise
     finally:
         _unfinished.discard(tmp)
+
+
+def _fifo_with_a_reader(target: str) -> int:
+    """A FIFO opened for writing once a reader has it open: waited for a while, as a FIFO given as input waits for
+    its writer, then refused. A plain open waits for ever: `-o fifo` with no reader hung, with no word."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.ENXIO, f"FIFO with no reader (waited {FIFO_WAIT_S:g} s)") from None
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        return fd
 
 
 def write_bytes(target: str, data: bytes, inputs: Iterable[str] = ()) -> None:
