@@ -254,7 +254,9 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
 
     if isinstance(settings, Settings):
         return settings
-    file_config = cfg.read_config_file(Path(config)) if config else {}
+    if config is not None and not os.fspath(config):  # an unset variable, which named no file: it was ignored
+        raise cfg.ConfigError("config: an empty path")
+    file_config = cfg.read_config_file(Path(config)) if config is not None else {}
     overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (file_config.get("rules") or {}).items()}
     for key, value in (settings or {}).items():
         rule, dot, param = key.partition(".")
@@ -371,9 +373,11 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     if isinstance(jobs, bool) or not isinstance(jobs, int):
         raise TypeError(f"jobs must be a whole number, not {jobs!r}")
     chosen = build_settings(select, ignore, settings, fail_on, config)
+    names = _paths(paths)
+    if not names:  # as the command line, which needs a path: a CI script's empty glob passed with nothing linted
+        raise ValueError("no paths given: name trace files, directories, patterns or URLs")
     known = _read_baseline(os.fspath(baseline)) if baseline is not None else None
     measured_run = _read_measured(os.fspath(measured)) if measured is not None else None
-    names = _paths(paths)
     targets = None
     if annotate is not None:
         from attntrace.formats.annotate import targets_for

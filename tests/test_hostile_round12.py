@@ -221,6 +221,13 @@ def test_the_api_checks_what_the_command_line_checks(tmp_path: Path):
         api.lint(trace, select=[101])  # type: ignore[list-item]
     with pytest.raises(TypeError, match=r"a path must be str, bytes or os\.PathLike, not int"):
         api.lint([3])  # type: ignore[list-item]
+    # No path at all passed a CI script's empty glob with nothing linted, and an empty config path was ignored.
+    with pytest.raises(ValueError, match="no paths given"):
+        api.lint([])
+    from attntrace.checks.config import ConfigError
+
+    with pytest.raises(ConfigError, match="config: an empty path"):
+        api.lint(trace, config="")
 
 
 def test_markdown_makes_no_link_or_image_of_a_name_in_the_trace(tmp_path: Path):
