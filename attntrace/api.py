@@ -363,7 +363,8 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     measured: the run.json of `attntrace run --from-trace` on these traces: the attention findings it measured
     take the measured saving as their impact (`report.warnings` says which measured findings matched none).
     Unreadable inputs do not raise: they are in `report.errors`, and the others are still analysed. A baseline or
-    measured file that cannot be used raises RunFileError, before any trace is read."""
+    measured file that cannot be used raises RunFileError, before any trace is read; arguments the command line
+    would refuse (no path, an unknown group, max_size of 0 or less) raise ValueError or TypeError."""
     from attntrace.model.loading import InputError, map_inputs
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
     from attntrace.report import engine
@@ -456,7 +457,7 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
-    name = _paths(path)[0]
+    name = _path(path)
     settings = build_settings(config=config)
     options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage)
     # guarded, as lint's inputs are: JSON nested 10,000 deep or a full memory is this file's one line too.
@@ -505,7 +506,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions
     from attntrace.report.engine import summarize_trace
 
-    name = _paths(path)[0]
+    name = _path(path)
     # A mapping of rule parameters, as lint takes, not only Settings built already (a dict was "internal error
     # (AttributeError ...); please report it", blamed on the trace).
     settings = settings if isinstance(settings, Settings) else build_settings(settings=settings, config=config)
