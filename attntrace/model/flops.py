@@ -388,9 +388,10 @@ ARGS_BEFORE_OUT = {"aten::mul": {2}, "aten::div": {2, 3}, "aten::add": {3}, "ate
 
 def _has_out_buffer(name: str, dims: list[Any], types: list[Any]) -> bool:
     """Whether the op's last argument is its out= tensor (ARGS_BEFORE_OUT)."""
-    last_dims, last_type = dims[-1], types[-1] if len(types) == len(dims) else None
-    return (len(dims) - 1 in ARGS_BEFORE_OUT.get(name, ()) and isinstance(last_dims, list) and bool(last_dims)
-            and last_type in ITEMSIZE and all(isinstance(x, int) for x in last_dims))
+    if len(dims) - 1 not in ARGS_BEFORE_OUT.get(name, ()) or len(types) != len(dims):
+        return False
+    last = dims[-1]
+    return isinstance(last, list) and bool(last) and types[-1] in ITEMSIZE and all(isinstance(x, int) for x in last)
 
 
 def _gathered_bytes(name: str, tensors: list[tuple[list[int], int]], concrete: Any) -> int | None:

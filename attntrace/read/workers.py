@@ -28,8 +28,6 @@ from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_t
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
 PRELOAD = ["attntrace.model.tables"]
-UNGUARDED_MAIN = ("a worker process imported the main script, which started workers again: put the script's call "
-                  "of attntrace under `if __name__ == '__main__':`")
 CONCURRENT_JOBS = 1  # traces analysed at once on this machine (set in each worker of a --jobs pool)
 # Processes, this one included, that decode one big trace's pieces: unset or 0 for one per usable core (shared
 # among the --jobs), 1 for this process alone.
@@ -141,11 +139,6 @@ QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 def context() -> BaseContext:
     """The forkserver context where this platform has one, else spawn (each worker then imports on its own)."""
     global _context
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        # A worker that imports the caller's script (multiprocessing does, to find what the script defines) ran an
-        # unguarded call of the script again. multiprocessing refuses it too, in 16 lines, after a folder of its
-        # own was made (/tmp/pymp-*, left at every worker's end: 126 for a script that linted 50 files).
-        raise RuntimeError(UNGUARDED_MAIN)
     with _lock:
         if _context is None:
             # The resource tracker (a process of its own, started with this interpreter's -W options) unlinks the
