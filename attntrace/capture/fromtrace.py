@@ -279,13 +279,19 @@ def read_measured(path: str) -> dict[str, Any]:
         raise MeasuredError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("kind") != MEASURED_KIND or not isinstance(doc.get("findings"), dict):
         raise MeasuredError(f"{path}: not the run.json of `attntrace run --from-trace`")
+    version = doc.get("schema_version")
+    if version != PLAN_SCHEMA or isinstance(version, bool):
+        # A later layout may mean something else by the same fields: refuse it rather than guess.
+        raise MeasuredError(f"{path}: schema_version {version!r} is not {PLAN_SCHEMA}, the only one this attntrace "
+                            "reads (run `attntrace run --from-trace` again with this version)")
     for fingerprint, entry in doc["findings"].items():
         saved = entry.get("saved_us_per_step") if isinstance(entry, dict) else None
         # `run --from-trace` writes savings of 0 or more.
         if not (isinstance(saved, int | float) and not isinstance(saved, bool) and 0 <= saved <= MAX_SAVING_US
-                and isinstance(entry.get("best"), str | None)):
+                and isinstance(entry.get("best"), str | None) and isinstance(entry.get("rule"), str)):
             raise MeasuredError(f"{path}: finding {fingerprint[:40]!r} is not a measured saving "
-                                "(an object with a number saved_us_per_step from 0 to a day and a variant name best)")
+                                "(an object with a rule name, a number saved_us_per_step from 0 to a day and a variant "
+                                "name best)")
     return doc
 
 
@@ -300,8 +306,9 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
     used: set[str] = set()
     changed = 0
     for finding in report["findings"]:
-        key = finding["fingerprint"] if finding["fingerprint"] in entries else _by_chain(finding, chains, used,
-                                                                                        measured.get("trace"))
+        # A saving measured for one rule is never given to another rule's finding, even under its fingerprint.
+        key = finding["fingerprint"] if entries.get(finding["fingerprint"], {}).get("rule") == finding["rule"] \
+            else _by_chain(finding, chains, used, measured.get("trace"))
         if key is None:
             continue
         used.add(key)
@@ -338,8 +345,10 @@ def _measured_chains(measured: dict[str, Any]) -> dict[str, tuple[str, set[str]]
         if not isinstance(site, dict) or not isinstance(site.get("op_chain"), str):
             continue
         for f in site.get("findings") if isinstance(site.get("findings"), list) else []:
-            if isinstance(f, dict) and str(f.get("fingerprint")) in measured["findings"]:
-                _, found = chains.setdefault(str(f.get("fingerprint")), (str(f.get("rule")), set()))
+            entry = measured["findings"].get(str(f.get("fingerprint"))) if isinstance(f, dict) else None
+            # The saving's own rule decides; a plan that names another rule for it is not trusted.
+            if entry is not None and f.get("rule") == entry["rule"]:
+                _, found = chains.setdefault(str(f.get("fingerprint")), (entry["rule"], set()))
                 found.add(site["op_chain"])
     return chains
 

@@ -115,6 +115,8 @@ def validate(data: dict[str, Any], source: str, prefix: str = "") -> None:
     def wrong(key: str, expected: str, value: Any) -> ConfigError:
         return ConfigError(f"{source}: '{prefix}{key}' must be {expected}, not {_kind(value)}")
 
+    if "fail-on" in data and "fail_on" in data:  # two spellings of one setting: which one wins is a guess
+        raise ConfigError(f"{source}: '{prefix}fail-on' and '{prefix}fail_on' are the same setting; keep one")
     for key, value in data.items():
         if key not in KEYS:
             raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known: select, ignore, fail-on, rules, "

@@ -1,0 +1,78 @@
+"""Hostile inputs, round 14 (issue 43, reliability). Each test failed before its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import sample
+
+from attntrace.capture import fromtrace
+from attntrace.cli import main
+from attntrace.model.loading import load
+
+
+def _measured(trace: str, tmp_path: Path) -> dict[str, Any]:
+    """What `run --from-trace` writes for `trace` (its real plan), with a saving measured for its one site."""
+    doc = fromtrace.plan(load(trace), "naive,sdpa")
+    (site,) = doc["sites"]
+    report = {"environment": {"gpu": "NVIDIA H200"}, "table": [
+        {"variant": "naive", "status": "ok", "event_ms": site["gpu_us_per_step"] / 1e3},
+        {"variant": "sdpa", "status": "ok", "event_ms": 0.1}]}
+    return fromtrace.summarize_measurement(doc, [{"site": site, "report": report}], tmp_path)
+
+
+def _lint_measured(trace: str, run_json: Path) -> Any:
+    return CliRunner().invoke(main, ["lint", trace, "--measured", str(run_json), "--format", "json",
+                                     "--fail-on", "never", "--jobs", "1"])
+
+
+@pytest.mark.parametrize("version", [99, 0, "1", True, None])
+def test_a_measured_file_of_another_schema_version_is_refused(tmp_path: Path, version: object):
+    # schema_version 99 was read as if it were 1: a later layout may mean something else by the same fields.
+    trace = sample("bf16_causal_fwd/naive")
+    measured = _measured(trace, tmp_path)
+    measured["schema_version"] = version
+    run_json = tmp_path / "run.json"
+    run_json.write_bytes(orjson.dumps(measured))
+    result = _lint_measured(trace, run_json)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {run_json}: schema_version {version!r} is not 1, the only one "
+                                          "this attntrace reads (run `attntrace run --from-trace` again with this "
+                                          "version)"]
+
+
+def test_a_measured_saving_of_one_rule_is_never_given_to_another_rules_finding(tmp_path: Path):
+    # The saving was applied by fingerprint alone: an entry whose rule says AT201 replaced AT102's impact.
+    trace = sample("bf16_causal_fwd/naive")
+    measured = _measured(trace, tmp_path)
+    (fingerprint,) = measured["findings"]
+    run_json = tmp_path / "run.json"
+    run_json.write_bytes(orjson.dumps(measured))
+    finding = next(f for f in orjson.loads(_lint_measured(trace, run_json).stdout)["findings"]
+                   if f["fingerprint"] == fingerprint)
+    assert finding["rule"] == "AT102" and finding["impact"]["basis"] == "measured"
+    measured["findings"][fingerprint]["rule"] = "AT201"
+    run_json.write_bytes(orjson.dumps(measured))
+    result = _lint_measured(trace, run_json)
+    finding = next(f for f in orjson.loads(result.stdout)["findings"] if f["fingerprint"] == fingerprint)
+    assert finding["impact"].get("basis") != "measured"
+    assert "1 measured finding(s) (AT201) match no finding of these traces" in result.stderr
+    del measured["findings"][fingerprint]["rule"]
+    run_json.write_bytes(orjson.dumps(measured))
+    result = _lint_measured(trace, run_json)
+    assert result.exit_code == 2 and "is not a measured saving (an object with a rule name" in result.stderr
+
+
+def test_a_config_that_sets_fail_on_under_both_spellings_is_an_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch):
+    # fail-on = "never" with fail_on = "error": one of them was taken, silently, and a CI gate could pass.
+    monkeypatch.chdir(tmp_path)
+    Path("pyproject.toml").write_text('[tool.attntrace]\nfail-on = "never"\nfail_on = "error"\n')
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'pyproject.toml'}: 'tool.attntrace.fail-on' and "
+                                          "'tool.attntrace.fail_on' are the same setting; keep one"]
