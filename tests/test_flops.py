@@ -151,6 +151,31 @@ def test_nll_loss_touches_one_class_a_sample() -> None:
     assert backward is not None and backward.bytes == 4088 * (4 + 8)
 
 
+def test_a_tensor_list_is_counted_at_the_element_size_its_kernel_names() -> None:
+    # A `cat` records its inputs as a "TensorList" with no element type: counted at 4 bytes, the bf16 cat of the
+    # GPT-2 SDPA workload ran 1.94x past its roof. CatArrayBatchedCopy<OpaqueType<2u>, ...> names the size.
+    cat = flops.op_cost("aten::cat", [[[8, 1024], [8, 1024]], []], ["TensorList", "Scalar"], None)
+    assert cat is not None and cat.bytes == 4 * 2 * (2 * 8 * 1024) and cat.assumed_list_bytes == cat.bytes
+    bf16 = "void at::native::CatArrayBatchedCopy<at::native::OpaqueType<2u>, unsigned int, 4, 64, 64>(...)"
+    assert flops.with_list_itemsize(cat, [bf16]).bytes == cat.bytes / 2
+    assert flops.with_list_itemsize(cat, [bf16.replace("<2u>", "<8u>")]).bytes == cat.bytes * 2
+    assert flops.with_list_itemsize(cat, ["elementwise_kernel"]) == cat  # no size named: 4 bytes stays
+    assert flops.with_list_itemsize(cat, [bf16, bf16.replace("<2u>", "<4u>")]) == cat  # sizes disagree
+    mul = flops.op_cost("aten::mul", [[8, 1024], [8, 1024]], ["c10::BFloat16", "c10::BFloat16"], None)
+    assert mul is not None and flops.with_list_itemsize(mul, [bf16]) == mul  # no list: its types are recorded
+    rows = {row["op"]: row for row in
+            _roofline("sample_traces/workloads/gpt2_sdpa_train.pt.trace.json.gz")["ops"]}
+    assert rows["aten::cat"]["share_of_bound"] < 1.0
+
+
+def _roofline(path: str) -> dict[str, Any]:
+    from attntrace.model import roofline
+
+    found = roofline.analyse(load(str(Path(__file__).resolve().parent.parent / path)))
+    assert found is not None
+    return found
+
+
 def test_no_op_of_the_samples_runs_past_its_memory_roof_by_more_than_the_roof_s_spread() -> None:
     from attntrace import api
 

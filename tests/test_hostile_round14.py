@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,26 @@ def test_a_config_that_sets_fail_on_under_both_spellings_is_an_error(tmp_path: P
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [f"error: {tmp_path / 'pyproject.toml'}: 'tool.attntrace.fail-on' and "
                                           "'tool.attntrace.fail_on' are the same setting; keep one"]
+
+
+def test_a_parallel_lint_leaves_the_callers_start_method_and_warning_options_as_it_found_them(tmp_path: Path):
+    # After api.lint(jobs=2) the default start method was fixed (a later set_start_method() raised "context has
+    # already been set") and sys.warnoptions held the resource tracker's filter, which the caller's own processes
+    # then started with.
+    script = tmp_path / "script.py"
+    script.write_text(f"""
+import multiprocessing, sys
+from attntrace import api
+options = list(sys.warnoptions)
+report = api.lint([{sample("bf16_causal_fwd/naive")!r}, {sample("bf16_causal_fwd/sdpa_flash")!r}], jobs=2,
+                  fail_on="never")
+assert all(trace.ok for trace in report.traces)
+assert sys.warnoptions == options, sys.warnoptions
+assert multiprocessing.get_start_method(allow_none=True) is None
+multiprocessing.set_start_method("spawn")
+print("kept")
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "kept\n" and result.stderr == ""

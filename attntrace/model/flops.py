@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 ITEMSIZE = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "bool": 1, "long int": 8, "int": 4,
@@ -42,6 +43,8 @@ class Cost:
     bytes: float
     precision: str | None  # bf16, fp16, fp8, fp32 (tf32 when the kernel says so), None for bytes-only ops
     shape: str  # a short text of the shapes that decided it, for tables and findings
+    # The part of `bytes` counted from tensor lists at LIST_ITEMSIZE, their element type not being recorded.
+    assumed_list_bytes: float = 0.0
 
 
 def _tensors(dims: Any, types: Any) -> list[tuple[list[int], str]]:
@@ -411,21 +414,51 @@ def _gathered_bytes(name: str, tensors: list[tuple[list[int], int]], concrete: A
     return picked * index_size + 2 * picked * per_pick * size
 
 
+# The element type of a tensor list is not recorded ("TensorList"): 4 bytes is assumed (optimizer states are
+# fp32) unless a kernel the op ran names its element size (with_list_itemsize): a bf16 `cat` counted at 4 bytes
+# ran "1.94x past its roof".
+LIST_ITEMSIZE = 4
+OPAQUE_ITEM = re.compile(r"OpaqueType<(\d+)u?>")
+
+
+def _list_elements(name: str, dims: list[Any], types: list[Any]) -> int:
+    """Elements an op moves through its tensor-list inputs: each list read, and the first (a cat's or stack's
+    inputs) written again, or, for a fused Adam, every list but the parameters' written back."""
+    lists = [sum(math.prod(x) for x in d if all(isinstance(v, int) for v in x))
+             for d, t in zip(dims, types, strict=False)
+             if isinstance(d, list) and d and all(isinstance(x, list) for x in d) and isinstance(t, str)
+             and t.startswith("TensorList")]
+    if not lists:
+        return 0
+    return sum(lists) + (sum(lists[1:]) if name.startswith("aten::_fused_adam") else lists[0])
+
+
+def kernel_itemsize(kernels: Iterable[str]) -> int | None:
+    """The element size that the kernels' templates name (CatArrayBatchedCopy<OpaqueType<2u>, ...>), where they
+    name one and agree."""
+    sizes = {int(found.group(1)) for found in map(OPAQUE_ITEM.search, kernels) if found}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def with_list_itemsize(cost: Cost, kernels: Iterable[str]) -> Cost:
+    """The cost with its tensor lists counted at the element size its kernels name, where they name one."""
+    size = kernel_itemsize(kernels) if cost.assumed_list_bytes else None
+    if not size or size == LIST_ITEMSIZE:
+        return cost
+    return replace(cost, bytes=cost.bytes + cost.assumed_list_bytes * (size / LIST_ITEMSIZE - 1),
+                   assumed_list_bytes=0.0)
+
+
 def op_bytes(name: str, dims: Any, types: Any, concrete: Any = None) -> int | None:
     """Bytes an op reads and writes, from its recorded input shapes: every tensor input read once, and an
     output written (a GEMM's [.., M, N], a fused attention's query-shaped one, an in-place op's self, an
     elementwise op's largest input). A list of tensors (a foreach or fused optimizer op) counts each one."""
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
-    tensors: list[tuple[list[int], int]] = []
-    lists: list[int] = []  # bytes of each tensor-list input
-    for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and d and t in ITEMSIZE and all(isinstance(x, int) for x in d):
-            tensors.append((d, ITEMSIZE[t]))  # [] is a wrapped scalar (a Python number): not read from memory
-        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d) and t.startswith("TensorList"):
-            lists.append(sum(math.prod(x) for x in d if all(isinstance(v, int) for v in x)))
-    if lists:  # the element type of a list is not recorded: assume 4 bytes (optimizer states are fp32)
-        return 4 * (sum(lists) + (sum(lists[1:]) if name.startswith("aten::_fused_adam") else lists[0]))
+    listed = _list_elements(name, dims, types)
+    if listed:
+        return LIST_ITEMSIZE * listed
+    tensors = [(d, ITEMSIZE[t]) for d, t in _tensors(dims, types) if d]  # [] is a wrapped scalar: not read
     if not tensors:
         return None
     sizes = [math.prod(d) * size for d, size in tensors]
@@ -545,4 +578,5 @@ def _op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None)
     if moved is None:
         return None
     return Cost(bytes_kind(name), 0.0, 0.0, float(moved), None,
-                ",".join(_shape(d) for d, _ in _tensors(dims, types)[:3]))
+                ",".join(_shape(d) for d, _ in _tensors(dims, types)[:3]),
+                float(LIST_ITEMSIZE * _list_elements(name, dims, types)))

@@ -185,6 +185,7 @@ def _collect(trace: Trace) -> tuple[list[OpCall], pl.DataFrame]:
         call_of.append(at)
     classes = dict(gpu.select("name", "cls").unique("name").iter_rows())
     for call in calls:
+        call.cost = flops.with_list_itemsize(call.cost, call.kernels)
         call.precision = _precision(call.cost, call.kernels, classes)
     return calls, gpu.with_columns(pl.Series("call", call_of, dtype=pl.Int64))
 

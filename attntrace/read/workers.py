@@ -80,7 +80,21 @@ class SharingPool(ProcessPoolExecutor):
         _, processes, jobs = self._initargs
         self._initargs = (self._next_slot, processes, jobs)
         self._next_slot += 1
-        super()._spawn_process()  # type: ignore[misc]
+        with start_method_kept():
+            super()._spawn_process()  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def start_method_kept() -> Iterator[None]:
+    """multiprocessing's default start method left as it was found: starting a process reads it (the standard
+    library's spawn.get_preparation_data), which fixes it, and a caller's own set_start_method() after an
+    api.lint(jobs=2) raised "context has already been set"."""
+    unset = multiprocessing.get_start_method(allow_none=True) is None
+    try:
+        yield
+    finally:
+        if unset:
+            multiprocessing.set_start_method(None, force=True)  # the documented way back to "not chosen"
 
 
 def start_worker(slot: int, processes: int, jobs: int) -> None:
@@ -145,14 +159,30 @@ def context() -> BaseContext:
             # pools' semaphores left when a run ends while they are still held (Ctrl-C, a worker that died, an
             # exit while a pool winds down); its warning about them is not the user's business, and would break
             # the one line an error gets on stderr.
-            if QUIET_TRACKER not in sys.warnoptions:
-                sys.warnoptions.append(QUIET_TRACKER)
+            _start_quiet_tracker()
             if "forkserver" in multiprocessing.get_all_start_methods():
                 _context = multiprocessing.get_context("forkserver")
                 _context.set_forkserver_preload(PRELOAD)
             else:
                 _context = multiprocessing.get_context("spawn")
         return _context
+
+
+def _start_quiet_tracker() -> None:
+    """Start the resource tracker now, with the -W option that quiets it; the option is taken back once it runs,
+    so that the caller's sys.warnoptions (which a library user's own processes start with) are as they were."""
+    from multiprocessing import resource_tracker
+
+    added = QUIET_TRACKER not in sys.warnoptions
+    if added:
+        sys.warnoptions.append(QUIET_TRACKER)
+    try:
+        with start_method_kept(), contextlib.suppress(OSError, ValueError):
+            resource_tracker.ensure_running()  # a failure here is the pool's to report, as before
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.warnoptions.remove(QUIET_TRACKER)
 
 
 # Signals the whole process group gets (Ctrl-C, a closed terminal): the parent answers them for all, stopping its
@@ -358,7 +388,7 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
         return
     if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
         server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
-    with interrupts_ignored(), _environment(server_env), _on_start_cores():
+    with interrupts_ignored(), _environment(server_env), _on_start_cores(), start_method_kept():
         if strict:
             forkserver.ensure_running()
             return
