@@ -397,8 +397,17 @@ def _has_out_buffer(name: str, dims: list[Any], types: list[Any]) -> bool:
     return isinstance(last, list) and bool(last) and types[-1] in ITEMSIZE and all(isinstance(x, int) for x in last)
 
 
-def _gathered_bytes(name: str, tensors: list[tuple[list[int], int]], concrete: Any) -> int | None:
-    """The index read, and the selected elements read and written once each."""
+def _distinct(shape: list[int], strides: Any) -> int:
+    """Elements a tensor holds in memory: a dimension of stride 0 (an expand() or a broadcast) repeats the same
+    elements, so it adds none. Without its strides (not recorded, or not this shape's), every element."""
+    if not isinstance(strides, list) or len(strides) != len(shape) or not all(isinstance(s, int) for s in strides):
+        return math.prod(shape)
+    return math.prod(n for n, stride in zip(shape, strides, strict=True) if stride != 0)
+
+
+def _gathered_bytes(name: str, tensors: list[tuple[list[int], int]], distinct: list[int], concrete: Any) -> int | None:
+    """The index read, and the selected elements read and written once each; an expanded index or source is read
+    once, however often its elements are picked."""
     if len(tensors) < 2:
         return None
     (source, size), (index, index_size) = tensors[0], tensors[1]
@@ -411,7 +420,7 @@ def _gathered_bytes(name: str, tensors: list[tuple[list[int], int]], concrete: A
         per_pick = math.prod(source) // source[axis] if source[axis] else 0
     else:  # gather (self, dim, index): one element of self for each of index's
         per_pick = 1
-    return picked * index_size + 2 * picked * per_pick * size
+    return distinct[1] * index_size + (min(picked * per_pick, distinct[0]) + picked * per_pick) * size
 
 
 # The element type of a tensor list is not recorded ("TensorList"): 4 bytes is assumed (optimizer states are
@@ -449,45 +458,50 @@ def with_list_itemsize(cost: Cost, kernels: Iterable[str]) -> Cost:
                    assumed_list_bytes=0.0)
 
 
-def op_bytes(name: str, dims: Any, types: Any, concrete: Any = None) -> int | None:
+def op_bytes(name: str, dims: Any, types: Any, concrete: Any = None, strides: Any = None) -> int | None:
     """Bytes an op reads and writes, from its recorded input shapes: every tensor input read once, and an
     output written (a GEMM's [.., M, N], a fused attention's query-shaped one, an in-place op's self, an
-    elementwise op's largest input). A list of tensors (a foreach or fused optimizer op) counts each one."""
+    elementwise op's largest input). A list of tensors (a foreach or fused optimizer op) counts each one. An
+    input's broadcast dimensions (stride 0 in Input Strides) are read once: an expanded [32, 16, 2048, 64] key
+    counted whole made a GQA copy's bound 4x what it reads, and the row ran past its roof."""
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
     listed = _list_elements(name, dims, types)
     if listed:
         return LIST_ITEMSIZE * listed
-    tensors = [(d, ITEMSIZE[t]) for d, t in _tensors(dims, types) if d]  # [] is a wrapped scalar: not read
-    if not tensors:
+    at = [k for k, (d, t) in enumerate(zip(dims, types, strict=False))
+          if isinstance(d, list) and d and t in ITEMSIZE and all(isinstance(x, int) for x in d)]
+    if not at:  # [] is a wrapped scalar (a Python number): not read from memory
         return None
-    sizes = [math.prod(d) * size for d, size in tensors]
+    tensors = [(dims[k], ITEMSIZE[types[k]]) for k in at]
+    given = strides if isinstance(strides, list) else []
+    distinct = [_distinct(dims[k], given[k] if k < len(given) else None) for k in at]
+    sizes = [math.prod(d) * size for d, size in tensors]  # as written: an output has the broadcast shape
+    reads = [n * size for n, (_, size) in zip(distinct, tensors, strict=True)]
     if name in PICKED_PER_SAMPLE:
         return _picked_bytes(name, dims, types)
     if name in GATHERS:
-        return _gathered_bytes(name, tensors, concrete)
+        return _gathered_bytes(name, tensors, distinct, concrete)
     if SMALL_RESULT.match(name):
-        return sum(sizes)
+        return sum(reads)
     first = 1 if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm") else 0  # after the bias
     if name in GEMMS and len(tensors) >= first + 2:
         (a, size), (b, _) = tensors[first], tensors[first + 1]
         # A tensor after the operands is the out= buffer: written once, not read.
-        return sum(sizes[: first + 2]) + math.prod(a[:-1]) * b[-1] * size
+        return sum(reads[: first + 2]) + math.prod(a[:-1]) * b[-1] * size
     if name.startswith("triton_"):
-        return sum(sizes)  # a Triton kernel's recorded inputs are all its buffers, outputs included
+        return sum(reads)  # a Triton kernel's recorded inputs are all its buffers, outputs included
     if name == "aten::copy_":
-        return sum(sizes)  # read the source, write the destination
+        return sizes[0] + sum(reads[1:])  # write the destination, read the source
     if name in WRITE_ONLY:
         return sizes[0]
-    if "attention" in name:
-        return sum(sizes) + sizes[0]
-    if name.endswith("_"):
-        return sum(sizes) + sizes[0]
+    if "attention" in name or name.endswith("_"):  # a fused attention's output, an in-place op's self
+        return sum(reads) + sizes[0]
     if name in BOOL_OUTPUT:
-        return sum(sizes) + max(math.prod(d) for d, _ in tensors)
+        return sum(reads) + max(math.prod(d) for d, _ in tensors)
     if len(sizes) >= 2 and _has_out_buffer(name, dims, types):
-        return sum(sizes)  # the inputs read, the out= buffer written
-    return sum(sizes) + max(sizes)
+        return sum(reads[:-1]) + sizes[-1]  # the inputs read, the out= buffer written
+    return sum(reads) + max(sizes)
 
 
 def bytes_kind(name: str) -> str:
@@ -550,13 +564,14 @@ def collective_cost(name: str, dims: Any, types: Any, ranks: int | None) -> Cost
 
 
 # --- one entry point ------------------------------------------------------------------------------
-def op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None = None) -> Cost | None:
+def op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None = None,
+            strides: Any = None) -> Cost | None:
     """The cost of an op from its recorded inputs, or None when no formula applies (no shapes, an op with no
     model) or the shapes are no tensor's (a negative size, a stride of 0, a count past what a float holds)."""
     if dims is None or any(isinstance(d, list) and any(isinstance(x, int) and x < 0 for x in d) for d in dims):
         return None
     try:
-        cost = _op_cost(name, dims, types, concrete, ranks)
+        cost = _op_cost(name, dims, types, concrete, ranks, strides)
     except (OverflowError, ZeroDivisionError, ValueError, TypeError, IndexError):
         return None
     if cost is None or not all(math.isfinite(v) for v in (cost.flops, cost.hw_flops, cost.bytes)):
@@ -564,7 +579,7 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None =
     return cost
 
 
-def _op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None) -> Cost | None:
+def _op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None, strides: Any) -> Cost | None:
     if name in GEMMS or name in ("aten::linear", "aten::_scaled_mm"):
         return gemm_cost(name, dims, types)
     if name in CONV_ARGS or name == CONV_BACKWARD:
@@ -574,7 +589,7 @@ def _op_cost(name: str, dims: Any, types: Any, concrete: Any, ranks: int | None)
         return found
     if name.startswith(("c10d::", "nccl:", "record_param_comms")):
         return collective_cost(name, dims, types, ranks)
-    moved = op_bytes(name, dims, types, concrete)
+    moved = op_bytes(name, dims, types, concrete, strides)
     if moved is None:
         return None
     return Cost(bytes_kind(name), 0.0, 0.0, float(moved), None,

@@ -97,7 +97,8 @@ class _Collector:
     def cost(self, op: int) -> flops.Cost | None:
         if op not in self.costs:
             dims, types, concrete = self.trace.op_input(op)
-            self.costs[op] = flops.op_cost(self.names[op], dims, types, concrete, self.ranks)
+            self.costs[op] = flops.op_cost(self.names[op], dims, types, concrete, self.ranks,
+                                           self.trace.op_strides(op))
         return self.costs[op]
 
     def cost_all(self, ops: list[int]) -> None:

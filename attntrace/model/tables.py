@@ -142,12 +142,12 @@ def _volumes(name: str, dims: list[list[int] | None]) -> pl.Series:
 
 
 KINDS = ("ops", "launches", "gpu", "flows", "gpu_annotations", "python")
-_RAW_INPUTS = ("input_dims", "input_types", "concrete_inputs")
+_RAW_INPUTS = ("input_dims", "input_types", "concrete_inputs", "input_strides")
 
 
 class OpInputs(Sequence[Args]):
-    """Each op's raw input fields (Input Dims, Input type, Concrete Inputs), in ops-table order, as an Args per
-    op. They are kept as copies in binary columns: the decoder's raw fields are views that would keep the
+    """Each op's raw input fields (Input Dims, Input type, Concrete Inputs, Input Strides), in ops-table order,
+    as an Args per op. They are kept as copies in binary columns: the decoder's raw fields are views that would keep the
     whole file in memory."""
 
     def __init__(self, frame: pl.DataFrame) -> None:
@@ -188,8 +188,8 @@ class OpInputs(Sequence[Args]):
 
 
 def _row_args(row: tuple[bytes | None, ...]) -> Args:
-    dims, types, concrete = (msgspec.Raw(value or b"") for value in row)
-    return Args(input_dims=dims, input_types=types, concrete_inputs=concrete)
+    dims, types, concrete, strides = (msgspec.Raw(value or b"") for value in row)
+    return Args(input_dims=dims, input_types=types, concrete_inputs=concrete, input_strides=strides)
 
 
 def _inputs(events: list[Event]) -> pl.DataFrame:

@@ -506,6 +506,11 @@ class Trace:
         wanted = sorted({op for op in ops if op is not None} - self._inputs.keys())
         self._inputs.update(zip(wanted, map(_decoded, self.op_args.take(wanted)), strict=True))
 
+    def op_strides(self, op: int) -> list[Any] | None:
+        """Input Strides of an op (a stride of 0 is a broadcast dimension), decoded on demand; None where the
+        profiler did not record them."""
+        return _as_dims(decode_raw(self.op_args[op].input_strides))
+
     @property
     def has_shapes(self) -> bool:
         return bool(self.meta.flags.get("record_shapes")) or any(a.input_dims for a in self.op_args[:2000])

@@ -518,7 +518,8 @@ def empty_problem(dropped: int) -> tuple[str, str]:
     return "empty", "no trace events (an empty event list)"
 
 
-_RAW_FIELDS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs"}
+_RAW_FIELDS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs",
+               "Input Strides": "input_strides"}
 
 
 def _coerce_event(item: Any) -> TraceEvent | None:

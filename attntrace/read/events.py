@@ -28,6 +28,7 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_VALUE)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_VALUE)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_VALUE)
+    input_strides: msgspec.Raw = msgspec.field(name="Input Strides", default=NO_VALUE)
 
 
 class TraceEvent(msgspec.Struct, gc=False, tag_field="ph"):

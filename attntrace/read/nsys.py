@@ -371,7 +371,8 @@ def _launches(connection: sqlite3.Connection, tables: dict[str, set[str]], strin
 def _ops(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """NVTX ranges as CPU ops, and each op's input fields (Input Dims from emit_nvtx's sizes)."""
     schema = {**HOST_SCHEMA, "external_id": pl.Int64}
-    inputs_schema = {"input_dims": pl.Binary, "input_types": pl.Binary, "concrete_inputs": pl.Binary}
+    inputs_schema = {"input_dims": pl.Binary, "input_types": pl.Binary, "concrete_inputs": pl.Binary,
+                     "input_strides": pl.Binary}
     columns = tables.get("NVTX_EVENTS")
     if columns is None or not {"start", "end", "eventType"} <= columns:
         return pl.DataFrame(schema=schema), pl.DataFrame(schema=inputs_schema)
@@ -392,7 +393,7 @@ def _ops(connection: sqlite3.Connection, tables: dict[str, set[str]]) -> tuple[p
         "pid", "tid", "ts", "dur", pl.lit(None, pl.Int64).alias("external_id")).cast(schema)  # type: ignore[arg-type]
     empty = pl.lit(b"", pl.Binary)
     inputs = ops.select(pl.col("sizes").fill_null("").cast(pl.Binary).alias("input_dims"),
-                        empty.alias("input_types"), empty.alias("concrete_inputs"))
+                        empty.alias("input_types"), empty.alias("concrete_inputs"), empty.alias("input_strides"))
     return frame, inputs
 
 
