@@ -507,6 +507,9 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.report.engine import summarize_trace
 
     name = _path(path)
+    if speedup is not None and not isinstance(speedup, Mapping):  # a str was iterated: "class 2, =, e, g, m"
+        raise TypeError(f"speedup must be a mapping of kernel class to factor ({{'gemm': 4}}), not "
+                        f"{type(speedup).__name__}")
     # A mapping of rule parameters, as lint takes, not only Settings built already (a dict was "internal error
     # (AttributeError ...); please report it", blamed on the trace).
     settings = settings if isinstance(settings, Settings) else build_settings(settings=settings, config=config)

@@ -101,3 +101,38 @@ print("kept")
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "kept\n" and result.stderr == ""
+
+
+@pytest.mark.parametrize("rule", ["AT201", "AT202", "AT203"])
+def test_an_assumed_speed_up_below_one_is_refused(rule: str):
+    # expected_speedup=0.5 passed ("above 0"): the finding's saving went negative (-5100 us, -99.6% of the step),
+    # and 1e-310 made share_of_step null; both broke the report's own schema.
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/sdpa_math"), "--set",
+                                       f"{rule}.expected_speedup=0.5"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: --set '{rule}.expected_speedup=0.5': {rule}.expected_speedup: "
+                                          "'0.5' is out of range (a speed-up: 1 or more)"]
+    fine = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/sdpa_math"), "--set",
+                                     f"{rule}.expected_speedup=1", "--format", "json", "--fail-on", "never"])
+    assert fine.exit_code == 0
+    assert all(f["impact"]["gpu_us_per_step"] >= 0 for f in orjson.loads(fine.stdout)["findings"])
+
+
+@pytest.mark.parametrize("factor", ["0.5", "1e-310", "1e-300", "0"])
+def test_a_what_if_slowdown_is_refused(factor: str):
+    # gemm=1e-310 overflowed the durations, which dropped out: "saves 2.116 ms" for a 1e310x slowdown; 0.5 said
+    # "saves 0.000" while the critical path beside it doubled.
+    result = CliRunner().invoke(main, ["whatif", sample("bf16_causal_fwd/naive"), "--speedup", f"gemm={factor}"])
+    assert result.exit_code == 2
+    assert "the factor must be a finite number of 1 or more" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_api_whatif_refuses_what_is_not_a_speed_up():
+    from attntrace import api
+
+    trace = sample("bf16_causal_fwd/naive")
+    with pytest.raises(ValueError, match=r"of 1 or more \(got an integer past a float's range\)"):
+        api.whatif(trace, speedup={"gemm": 10**400})  # was a bare OverflowError
+    with pytest.raises(TypeError, match="speedup must be a mapping"):
+        api.whatif(trace, speedup="gemm=2")  # type: ignore[arg-type]  # was "class 2, =, e, g, m"

@@ -50,8 +50,8 @@ class Rule:
 
     def coerce(self, param: str, value: Any) -> Any:
         """A user-given value converted to the type of the parameter's default ("1M" for a size in bytes) and
-        checked against what its unit allows (a fraction is 0..1, a percentage 0..100, a ratio above 0, any
-        other threshold 0 or more; never NaN or infinite)."""
+        checked against what its unit allows (a fraction is 0..1, a percentage 0..100, a ratio above 0, a
+        speed-up 1 or more, any other threshold 0 or more; never NaN or infinite)."""
         if param not in self.parameters:
             known = ", ".join(sorted(self.parameters)) or "none"
             raise ValueError(f"{self.id} has no parameter {param!r} (known: {known})")
@@ -75,7 +75,7 @@ class Rule:
             raise ValueError(f"{self.id}.{param}: {value!r} is not {kind}") from exc
         allowed = _outside(spec.unit, number)
         if allowed:
-            what = "a ratio" if spec.unit == "x" else spec.unit
+            what = {"x": "a ratio", "x speed-up": "a speed-up"}.get(spec.unit, spec.unit)
             hint = (f"; for {number:g} percent write \"{number:g}%\" or {number / 100:g}"
                     if spec.unit.startswith("fraction") and 1 < number <= 100 else "")
             raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {allowed}){hint}")
@@ -125,6 +125,8 @@ def _outside(unit: str, number: float) -> str | None:
         return None if 0 <= number <= 100 else "0 to 100"
     if unit == "x":
         return None if 0 < number < math.inf else "above 0"
+    if unit == "x speed-up":  # below 1 the fix would be slower, and the finding's saving negative
+        return None if 1 <= number < math.inf else "1 or more"
     return None if 0 <= number < math.inf else "0 or more"
 
 

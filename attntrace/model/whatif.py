@@ -88,15 +88,30 @@ def loader_waits(trace: Any) -> tuple[tuple[float, float], ...]:
     return tuple(sorted(zip(loaders["ts"].to_list(), loaders["end"].to_list(), strict=True)))
 
 
+def is_speedup(factor: Any) -> bool:
+    """Whether `factor` is a speed-up a what-if replays: a finite number of 1 or more (an int past a float's range
+    is not)."""
+    if isinstance(factor, bool) or not isinstance(factor, int | float):
+        return False
+    try:
+        return math.isfinite(float(factor)) and factor >= 1
+    except OverflowError:
+        return False
+
+
 def change_for(trace: Any, speedup: dict[str, float] | None = None, drop_syncs: bool = False,
                pin_copies: bool = False, graph: bool = False, offload_loader: bool = False) -> Change:
     """The Change that `attntrace whatif` asks for (trace: model.Trace): `speedup` maps a kernel class or group of
     rules/taxonomy.toml (`gemm_fp32_simt`, `attention_flash`, `elementwise`, ...) to how many times faster it runs."""
     factors: dict[int, float] = {}
     for name, factor in sorted((speedup or {}).items()):
-        # Not NaN (it passed `<= 0` and gave a saving larger than infinity's) nor infinite, as on the command line.
-        if not isinstance(factor, int | float) or not math.isfinite(factor) or factor <= 0:
-            raise ValueError(f"speed-up of {name} must be a finite number above 0 (got {factor!r})")
+        # Not NaN (it passed `<= 0` and gave a saving larger than infinity's) nor infinite, as on the command line;
+        # not below 1 either: a slowdown was reported as "saves 0.000 ms", and 1e-310 (durations past a float's
+        # range) as a saving of 93%.
+        if not is_speedup(factor):
+            shown = "an integer past a float's range" if isinstance(factor, int) and abs(factor) > 1e300 \
+                else repr(factor)
+            raise ValueError(f"speed-up of {name} must be a finite number of 1 or more (got {shown})")
         chosen = trace.gpu.filter((pl.col("cls") == name) | (pl.col("group") == name))
         factors.update(dict.fromkeys(chosen["idx"].to_list(), float(factor)))
     return Change(drop_syncs=None if drop_syncs else frozenset(), pin_copies=None if pin_copies else frozenset(),
