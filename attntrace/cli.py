@@ -87,6 +87,16 @@ def _distinct_outputs(targets: dict[str, str | None]) -> None:
         seen[real] = option
 
 
+class GivenPath(click.Path):
+    """A path option that refuses an empty value: --annotate "" wrote into the working directory (Path("") is
+    "."), and --write-baseline "" and --config "" were ignored without a word."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("an empty path (give a file name)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class ByteSize(click.ParamType):
     name = "SIZE"
 
@@ -228,10 +238,10 @@ def _summarize_path(path: str, options: Any, settings: Any, ops: bool = False) -
 @main.command(short_help="Per-step numbers of traces: GPU busy, kernels, copies.")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--output", "-o", help="Write the report to this file instead of stdout.")
+@click.option("--output", "-o", type=GivenPath(), help="Write the report to this file instead of stdout.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces read in parallel.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", type=GivenPath(dir_okay=False),
               help="A TOML file of settings; its [tool.attntrace.profiler_cost] is used as lint uses it "
                    "(default: the nearest pyproject.toml's).")
 @click.option("--ops", is_flag=True,
@@ -292,7 +302,7 @@ def _speedups(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--offload-loader", is_flag=True,
               help="The main thread no longer waits for the data loader (workers prepare batches ahead).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", type=GivenPath(dir_okay=False),
               help="A TOML file whose [tool.attntrace.profiler_cost] replays the step, as lint's --config.")
 @read_options
 def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bool, graph: bool,
@@ -341,7 +351,7 @@ def whatif(path: str, speedup: tuple[str, ...], drop_syncs: bool, pin_copies: bo
 @click.option("--steps", type=int, default=3, show_default=True, help="Profiled steps (one call each).")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Calls before timing (compiles too).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="attntrace-out", show_default=True,
+@click.option("--out", "out_dir", type=GivenPath(file_okay=False), default="attntrace-out", show_default=True,
               help="Directory for the traces, run.json and report.html (created; files in it are replaced).")
 @click.option("--no-lint", is_flag=True, help="Do not lint the traces written.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (findings then name your source lines).")
@@ -598,18 +608,18 @@ def _split(value: str | None) -> list[str]:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="html: one self-contained page with charts (needs the html extra: plotly).")
-@click.option("--output", "-o", help="Write the report to this file instead of stdout.")
-@click.option("--annotate", "annotate_to", type=click.Path(), metavar="OUT",
+@click.option("--output", "-o", type=GivenPath(), help="Write the report to this file instead of stdout.")
+@click.option("--annotate", "annotate_to", type=GivenPath(), metavar="OUT",
               help="Also write each trace with its findings on the timeline (for Perfetto UI) to OUT: a file for "
                    "one trace, a directory with the same relative names for a directory.")
-@click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
+@click.option("--baseline", "baseline_path", type=GivenPath(dir_okay=False),
               help="Fail only on findings not in this baseline; report known and fixed ones.")
-@click.option("--write-baseline", type=click.Path(dir_okay=False), help="Record the findings as a baseline file.")
+@click.option("--write-baseline", type=GivenPath(dir_okay=False), help="Record the findings as a baseline file.")
 @click.option("--select", help="Comma-separated rule ids, names or prefixes to run (default: all).")
 @click.option("--ignore", help="Comma-separated rule ids, names or prefixes to skip.")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None,
               help="Exit 1 when a finding is at or above this severity.  [default: warning]")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A TOML file of settings.")
+@click.option("--config", "config_path", type=GivenPath(dir_okay=False), help="A TOML file of settings.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=VALUE", help="Override a rule parameter.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
               help="Traces linted in parallel.")
@@ -619,7 +629,7 @@ def _split(value: str | None) -> list[str]:
 @click.option("--group", type=click.Choice(["auto", "ranks", "none"]), default="auto", show_default=True,
               help="ranks: report each finding once per job ('on K of N ranks'), with a step-time spread across "
                    "ranks; auto does so when the inputs are the rank traces of one job.")
-@click.option("--measured", "measured_path", type=click.Path(dir_okay=False), metavar="RUN_JSON",
+@click.option("--measured", "measured_path", type=GivenPath(dir_okay=False), metavar="RUN_JSON",
               help="The run.json of `attntrace run --from-trace` on these traces: the attention findings it measured "
                    "(AT102, AT202, AT203) take the measured saving as their impact instead of an assumed speed-up.")
 @read_options
@@ -726,7 +736,7 @@ def explain(rule: str) -> None:
 @click.option("--fail-over", type=click.FloatRange(min=0), default=None, metavar="PCT",
               help="Exit 1 when NEW's step time is more than PCT percent above BASE's, outside the step spread.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--output", "-o", help="Write the comparison to this file instead of stdout.")
+@click.option("--output", "-o", type=GivenPath(), help="Write the comparison to this file instead of stdout.")
 @read_options
 def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None, max_size: int | None,
          salvage: bool) -> None:

@@ -136,3 +136,28 @@ def test_the_api_whatif_refuses_what_is_not_a_speed_up():
         api.whatif(trace, speedup={"gemm": 10**400})  # was a bare OverflowError
     with pytest.raises(TypeError, match="speedup must be a mapping"):
         api.whatif(trace, speedup="gemm=2")  # type: ignore[arg-type]  # was "class 2, =, e, g, m"
+
+
+@pytest.mark.parametrize("option", ["--annotate", "--write-baseline", "--config", "--baseline", "--measured",
+                                    "--output"])
+def test_an_empty_path_option_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str):
+    # --annotate "" wrote the annotated copies into the working directory (Path("") is "."), over a file of the
+    # user's of the same name; --write-baseline "" wrote nothing and --config "" fell back to pyproject.toml,
+    # without a word.
+    monkeypatch.chdir(tmp_path)
+    Path("sub").mkdir()
+    Path("sub/t.json.gz").write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    Path("t.json.gz").write_text("my own file")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", "sub", option, "", "--fail-on", "never"])
+    assert result.exit_code == 2
+    assert f"Invalid value for '{option}'" in result.stderr and "an empty path (give a file name)" in result.stderr
+    assert Path("t.json.gz").read_text() == "my own file"
+
+
+def test_annotate_into_a_folder_named_with_a_slash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # `--annotate out/` for one trace wrote a file named out: Path() drops the slash.
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--annotate", "out/",
+                                       "--fail-on", "never"])
+    assert result.exit_code == 0, result.stderr
+    assert Path("out").is_dir() and [p.name for p in Path("out").iterdir()] == ["naive.pt.trace.json.gz"]

@@ -272,14 +272,19 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
 
 def targets_for(paths: list[str], out: str, keep: Iterable[str] = ()) -> dict[str, str]:
     """Where each input trace's annotated copy goes. One input file: OUT is the file (or a directory to put
-    it in, when it is one). A directory: OUT is a directory with the same relative names. Several inputs:
-    OUT is a directory with each input's name under it. Raises ValueError on stdin, clashing names, or a copy
-    that would replace an input or one of the files in `keep` (the run's config, baseline...)."""
+    it in, when it is one or ends with a slash). A directory: OUT is a directory with the same relative names.
+    Several inputs: OUT is a directory with each input's name under it. Raises ValueError on stdin, an empty
+    OUT, clashing names, or a copy that would replace an input or one of the files in `keep` (the run's config,
+    baseline...)."""
     from attntrace.read.inputs import discover
 
     if "-" in paths:
         raise ValueError("--annotate needs trace files or directories, not stdin")
+    if not out:  # Path("") is ".": the copies went into the working directory, over the user's files there
+        raise ValueError("--annotate needs a file or directory, not an empty path")
     single_file = len(paths) == 1 and not Path(paths[0]).is_dir()
+    # "out/" names a directory even before it exists (Path drops the slash: a file named out was written).
+    into_folder = out.endswith(("/", os.sep)) or Path(out).is_dir()
     if not single_file and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--annotate {out} must be a directory for a directory or several traces")
     mapping: dict[str, str] = {}
@@ -290,7 +295,7 @@ def targets_for(paths: list[str], out: str, keep: Iterable[str] = ()) -> dict[st
                 continue
             path = item[0]
             if single_file:
-                target = Path(out) / root.name if Path(out).is_dir() else Path(out)
+                target = Path(out) / root.name if into_folder else Path(out)
             elif root.is_dir():
                 rel = Path(path).relative_to(root)
                 target = Path(out) / (rel if len(paths) == 1 else Path(root.resolve().name) / rel)
