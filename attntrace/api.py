@@ -529,5 +529,6 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     change = change_for(trace, speedup, drop_syncs, pin_copies, graph, offload_loader)
     before = summarize_paths(trace.judged_paths(trace.critical_path))
     after = summarize_paths(trace.judged_paths(trace.whatif_replay(change)))
-    return {"path": name, "change": describe(change), "devices": as_json(trace.whatif(change)),
+    return {"path": name, "incomplete": trace.meta.incomplete, "change": describe(change),
+            "devices": as_json(trace.whatif(change)),
             "critical_path_before": before, "critical_path_after": after, "profiler": summary["profiler"]}

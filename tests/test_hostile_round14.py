@@ -161,3 +161,73 @@ def test_annotate_into_a_folder_named_with_a_slash(tmp_path: Path, monkeypatch: 
                                        "--fail-on", "never"])
     assert result.exit_code == 0, result.stderr
     assert Path("out").is_dir() and [p.name for p in Path("out").iterdir()] == ["naive.pt.trace.json.gz"]
+
+
+def _cut(tmp_path: Path) -> tuple[Path, Path]:
+    """The naive sample, whole and cut at two thirds (read with --salvage)."""
+    import gzip
+
+    whole = tmp_path / "full.json"
+    whole.write_bytes(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    return whole, cut
+
+
+def test_diff_gives_no_verdict_on_a_cut_off_trace_and_calls_nothing_of_it_fixed(tmp_path: Path):
+    # `diff full cut --salvage` said "fixed: AT101" and "changed: AT102 1959.7 -> 251.3", artefacts of the cut, and
+    # nothing in it said the trace was incomplete.
+    whole, cut = _cut(tmp_path)
+    result = CliRunner().invoke(main, ["diff", str(whole), str(cut), "--salvage", "--format", "json",
+                                       "--fail-over", "5"])
+    assert result.exit_code == 0, result.stderr
+    (pair,) = orjson.loads(result.stdout)["comparisons"]
+    assert pair["incomplete"] == {"base": False, "new": True} and not pair["regression"]
+    assert pair["step"]["not_compared"].startswith("not compared: the new trace is incomplete (cut off, read with "
+                                                   "--salvage)")
+    assert pair["findings"]["fixed"] == [] and pair["findings"]["changed"] == []
+    assert [f["rule"] for f in pair["findings"]["not_judged"]] == ["AT101"]
+    assert "incomplete (cut off)" in pair["findings"]["not_judged"][0]["reason"]
+
+
+def test_whatif_and_a_baseline_say_a_cut_off_trace_is_incomplete(tmp_path: Path):
+    from attntrace import api
+
+    whole, cut = _cut(tmp_path)
+    assert api.whatif(cut, salvage=True)["incomplete"] is True and api.whatif(whole)["incomplete"] is False
+    text = CliRunner().invoke(main, ["whatif", str(cut), "--salvage"]).stdout
+    assert "incomplete trace (cut off, read with --salvage)" in text
+    # The baseline of the whole trace, applied to the cut one: AT101 is missing from the cut, not fixed.
+    baseline = tmp_path / "baseline.json"
+    first, named = tmp_path / "a" / "run" / "full.json", tmp_path / "b" / "run" / "full.json"
+    for path, data in ((first, whole.read_bytes()), (named, cut.read_bytes())):  # one label: run/full
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+    CliRunner().invoke(main, ["lint", "--jobs", "1", str(first), "--write-baseline", str(baseline),
+                              "--fail-on", "never"])
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(named), "--salvage", "--baseline", str(baseline),
+                                       "--format", "json", "--fail-on", "never"])
+    report = orjson.loads(result.stdout)
+    assert report["baseline"]["fixed"] == []
+    assert [e["rule"] for e in report["baseline"]["not_judged"]] == ["AT101"]
+
+
+def test_diff_gives_no_verdict_between_two_profilers(tmp_path: Path):
+    # An Nsight Systems export against a Kineto trace was a REGRESSION (exit 1 under --fail-over): each tool costs
+    # the program differently.
+    from nsys_build import FP32_GEMM, Export, Kernel
+
+    kernels, ranges = [], []
+    for step in range(5):
+        t = 3000.0 * step
+        kernels.append(Kernel(FP32_GEMM, t + 40.0, 600.0, registers=64, block=128, grid=264, launch_at_us=t + 30.0))
+        ranges += [(f"ProfilerStep#{step + 1}", t, t + 700.0),
+                   (f"aten::mm, seq = {step}, op_id = {step}, sizes = [[512, 1024], [1024, 1024]]", t + 20.0,
+                    t + 40.0)]
+    export = Export(kernels=kernels, ranges=ranges).write(tmp_path / "run.sqlite")
+    result = CliRunner().invoke(main, ["diff", str(export), sample("bf16_causal_fwd/naive"), "--fail-over", "5",
+                                       "--format", "json"])
+    assert result.exit_code == 0, result.stdout
+    (pair,) = orjson.loads(result.stdout)["comparisons"]
+    assert pair["profilers"] == {"base": "nsys", "new": "torch.profiler"} and not pair["regression"]
+    assert "different profilers (nsys -> torch.profiler)" in pair["step"]["not_compared"]

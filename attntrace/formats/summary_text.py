@@ -187,9 +187,15 @@ def critical_path_lines(path: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+INCOMPLETE_WHATIF = ("incomplete trace (cut off, read with --salvage): the steps replayed are those before the cut, "
+                     "and the last of them may be cut short")
+
+
 def whatif_text(result: dict[str, Any]) -> str:
     """`attntrace whatif`'s table: each device's step before and after, and its critical path both ways."""
     lines = [f"{result['path']}", f"  change: {result['change']}"]
+    if result.get("incomplete"):
+        lines.append(f"  {INCOMPLETE_WHATIF}")
     for device in result["devices"]:
         lines.append(f"  device {device['device']}: {_ms(device['before_us'])} -> {_ms(device['after_us'])} ms per "
                      f"step without the profiler (saves {_ms(device['saved_us'])} ms, replayed; mean of the steady "

@@ -137,6 +137,8 @@ def render(report: dict[str, Any], colour: bool) -> str:
         b = report["baseline"]
         out.append(f"baseline {b['path']}: {b['new']} new, {b['known']} known, {len(b['fixed'])} fixed")
         out += [f"  fixed: {e['rule']} in {e['trace']}: {e['message']}" for e in b["fixed"]]
+        out += [f"  not judged (the trace is incomplete): {e['rule']} in {e['trace']}: {e['message']}"
+                for e in b.get("not_judged", ())]
     counts = report["summary"]["findings"]
     nested = report["summary"].get("consequences", 0)
     out.append(f"{report['summary']['traces']} trace(s), {report['summary']['errors']} unreadable; causes: "

@@ -46,6 +46,7 @@ class TraceMeta:
     notes: list[str] = field(default_factory=list)
     incomplete: bool = False
     measured: Measured | None = None  # the steps timed without the profiler in the capturing run (model/measured.py)
+    profiler: str = "torch.profiler"  # the tool that recorded the trace: "nsys" for an Nsight Systems export
 
     def device(self, index: int | None) -> dict[str, Any]:
         """Properties of a GPU by index; the first one when the index is unknown."""

@@ -192,7 +192,7 @@ def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
               "gpu_annotations": empty_host, "python": empty_host, "op_args": op_inputs}
     if not any(frame.height for name, frame in frames.items() if name in ("ops", "launches", "gpu")):
         raise TraceError("empty", "an Nsight Systems export with no kernels, copies, runtime calls or NVTX ranges")
-    return RawTrace(path, size, document, notes=notes, frames=frames)
+    return RawTrace(path, size, document, notes=notes, frames=frames, profiler="nsys")
 
 
 def _frame(connection: sqlite3.Connection, query: str, schema: dict[str, Any]) -> pl.DataFrame:

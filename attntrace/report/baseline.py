@@ -72,10 +72,14 @@ def apply(report: dict[str, Any], known: dict[str, dict[str, Any]], path: str) -
             consequence["baseline"] = "known" if consequence["fingerprint"] in known else "new"
             seen.add(consequence["fingerprint"])
     linted = {t.get("label") or t["path"] for t in report["traces"] if not t["error"]}
-    fixed = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
+    # A cut-off trace (--salvage) lacks its last steps: what is missing from it is not judged, not fixed.
+    cut = {t.get("label") or t["path"] for t in report["traces"] if not t["error"] and t.get("incomplete")}
+    gone = [e for fp, e in sorted(known.items()) if fp not in seen and e.get("trace") in linted]
     report["baseline"] = {
         "path": path,
         "new": sum(f["baseline"] == "new" for f in report["findings"]),
         "known": sum(f["baseline"] == "known" for f in report["findings"]),
-        "fixed": fixed,
+        "fixed": [e for e in gone if e.get("trace") not in cut],
     }
+    if any(e.get("trace") in cut for e in gone):
+        report["baseline"]["not_judged"] = [e for e in gone if e.get("trace") in cut]

@@ -121,6 +121,27 @@ def _untimed_gpu(traces: dict[str, Any]) -> str | None:
     return None
 
 
+def _incomplete(traces: dict[str, Any]) -> str | None:
+    """Why a pair with a cut-off side (read with --salvage) gets no verdict: its last steps are missing, and the
+    steps it has may be cut short (a `diff full cut --salvage` said AT101 was fixed)."""
+    cut = [side for side in ("base", "new") if traces[side].meta.incomplete]
+    if not cut:
+        return None
+    return (f"not compared: the {' and the '.join(cut)} trace{'s are' if len(cut) > 1 else ' is'} incomplete (cut "
+            "off, read with --salvage): its last steps and their findings are missing; to compare, capture it again "
+            "and let the profiler finish writing")
+
+
+def _different_profilers(base: Any, new: Any) -> str | None:
+    """Why traces of different tools get no verdict: each tool costs the program differently (nsys's own overhead
+    is not torch.profiler's), and an Nsight Systems export holds no Python or op details."""
+    tools = {"base": base.meta.profiler, "new": new.meta.profiler}
+    if tools["base"] == tools["new"]:
+        return None
+    return (f"not compared: the traces come from different profilers ({tools['base']} -> {tools['new']}), whose own "
+            "costs differ; to compare, capture both with the same one")
+
+
 def _different_gpus(base: Any, new: Any) -> str | None:
     """Why steps on different GPUs get no verdict: the change is the hardware's as much as the code's (a trace
     relabelled from an H200 to an A100 was a REGRESSION, exit 1, under --fail-over). GPUs that name no model are not
@@ -207,9 +228,10 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     busy = stats.compare(_per_step(bt, "gpu_busy_us"), _per_step(nt, "gpu_busy_us"))
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
-    not_compared = _too_few_steps({"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)},
-                                  {"base": bt, "new": nt}) or _different_bases(base_basis, new_basis) \
-        or _untimed_gpu({"base": bt, "new": nt}) or _different_gpus(bt, nt)
+    not_compared = _incomplete({"base": bt, "new": nt}) or _different_profilers(bt, nt) or _too_few_steps(
+        {"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)}, {"base": bt, "new": nt}) \
+        or _different_bases(base_basis, new_basis) or _untimed_gpu({"base": bt, "new": nt}) \
+        or _different_gpus(bt, nt)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
     if not_compared:
@@ -221,7 +243,9 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     before = {f["fingerprint"]: f for f in br.findings}
     after = {f["fingerprint"]: f for f in nr.findings}
     changed = []
-    for key in sorted(set(before) & set(after)):
+    # A cut-off side's impacts are of part of the run: a change between them is the cut's (AT102 1959.7 -> 251.3).
+    cut = bt.meta.incomplete or nt.meta.incomplete
+    for key in sorted(set(before) & set(after)) if not cut else ():
         b_us, n_us = before[key]["impact"]["gpu_us_per_step"], after[key]["impact"]["gpu_us_per_step"]
         if abs(n_us - b_us) > 0.1 * max(b_us, 1.0):
             changed.append({"rule": after[key]["rule"], "message": after[key]["message"],
@@ -229,6 +253,9 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     # A rule the new trace could not be judged by (a CPU-only trace has no GPU events) fixed nothing: its findings
     # are not judged, not fixed.
     skipped_new = {entry["rule"]: entry["reason"] for entry in nr.skipped}
+    if nt.meta.incomplete:  # a finding of the missing part is not fixed: every rule is judged on part of the run
+        skipped_new.update(dict.fromkeys((f["rule"] for f in br.findings),
+                                         "the new trace is incomplete (cut off): its last steps are missing"))
     gone = [before[k] for k in sorted(set(before) - set(after))]
     return {
         "base": base, "new": new, "errors": [],
@@ -248,6 +275,8 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         },
         "outside_noise": outside_noise,
         "regression": regression,
+        "incomplete": {"base": bt.meta.incomplete, "new": nt.meta.incomplete},
+        "profilers": {"base": bt.meta.profiler, "new": nt.meta.profiler},
     }
 
 
