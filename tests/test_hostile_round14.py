@@ -231,3 +231,41 @@ def test_diff_gives_no_verdict_between_two_profilers(tmp_path: Path):
     (pair,) = orjson.loads(result.stdout)["comparisons"]
     assert pair["profilers"] == {"base": "nsys", "new": "torch.profiler"} and not pair["regression"]
     assert "different profilers (nsys -> torch.profiler)" in pair["step"]["not_compared"]
+
+
+def test_sarif_artifacts_are_named_by_the_same_uri_as_the_results(tmp_path: Path):
+    # The artifact's uri was the raw path ("my trace #1.json.gz": a reader takes "#1.json.gz" for a fragment) while
+    # the results used the encoded one.
+    trace = tmp_path / "my trace #1.json.gz"
+    trace.write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(trace), "--format", "sarif", "--fail-on", "never"])
+    (run,) = orjson.loads(result.stdout)["runs"]
+    (artifact,) = run["artifacts"]
+    assert "#" not in artifact["location"]["uri"] and " " not in artifact["location"]["uri"]
+    assert {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]} == {
+        artifact["location"]["uri"]}
+
+
+def test_a_config_with_two_tables_for_one_rule_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # [rules.AT102] severity = "error" and [rules.materialized-scores] severity = "info": the last one won, silently.
+    monkeypatch.chdir(tmp_path)
+    Path("pyproject.toml").write_text('[tool.attntrace.rules.AT102]\nseverity = "error"\n'
+                                      '[tool.attntrace.rules.materialized-scores]\nseverity = "info"\n')
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'pyproject.toml'}: rules.AT102 and "
+                                          "rules.materialized-scores are the same rule (AT102); keep one table"]
+
+
+def test_a_settings_file_keeps_its_top_level_beside_other_tools_tables(tmp_path: Path):
+    # fail-on = "never" at the top of a --config file was ignored as soon as the file held any [tool.*] table: the
+    # run exited 1 on its warnings.
+    config = tmp_path / "settings.toml"
+    config.write_text('fail-on = "never"\n[tool.other]\nx = 1\n')
+    trace = sample("bf16_causal_fwd/naive")
+    assert CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--config", str(config)]).exit_code == 0
+    config.write_text('fail-on = "never"\n[tool.attntrace]\nfail-on = "error"\n')
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--config", str(config)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {config}: settings both at the top level and in "
+                                          "[tool.attntrace]; keep one place"]

@@ -92,15 +92,19 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
     except ValueError as exc:  # an integer past Python's 4,300 digits for int(): tomllib raises it as it is
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    if path.name == "pyproject.toml" or "tool" in data:
-        tool = data.get("tool", {})
-        if not isinstance(tool, dict):
-            raise ConfigError(f"{path}: 'tool' must be a table, not {_kind(tool)}")
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError(f"{path}: 'tool' must be a table, not {_kind(tool)}")
+    if path.name == "pyproject.toml" or "attntrace" in tool:
+        if path.name != "pyproject.toml" and set(data) - {"tool"}:
+            # Both places hold settings: which one was meant is a guess.
+            raise ConfigError(f"{path}: settings both at the top level and in [tool.attntrace]; keep one place")
         data = tool.get("attntrace", {})
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: 'tool.attntrace' must be a table, not {_kind(data)}")
         prefix = "tool.attntrace."
-    else:
+    else:  # a settings file of its own: its top level, beside other tools' tables (which were its undoing)
+        data = {key: value for key, value in data.items() if key != "tool"}
         prefix = ""
     validate(data, str(path), prefix)
     return data
@@ -189,6 +193,7 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
             except ValueError as exc:
                 raise ConfigError(f"{option}: {exc}") from exc
     try:
+        _one_table_per_rule(file_config.get("rules") or {}, rules)
         chosen = select or _as_list(file_config.get("select")) or ["ALL"]
         dropped = ignore or _as_list(file_config.get("ignore"))
         enabled = {rid for token in chosen for rid in selected(token, rules)}
@@ -224,6 +229,17 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
     if level not in FAIL_ON:
         raise ConfigError(f"{source}: fail-on must be one of {', '.join(FAIL_ON)}, not {level!r}")
     return Settings(tuple(sorted(enabled)), params, level, severity, dict(file_config.get("profiler_cost") or {}))
+
+
+def _one_table_per_rule(tables: dict[str, Any], rules: dict[str, Rule]) -> None:
+    """Two tables for one rule ([rules.AT102] and [rules.materialized-scores]): the last one's severity was taken,
+    silently."""
+    seen: dict[str, str] = {}
+    for given in tables:
+        rid = _one(given, rules)
+        if rid in seen:
+            raise ValueError(f"rules.{seen[rid]} and rules.{given} are the same rule ({rid}); keep one table")
+        seen[rid] = given
 
 
 def _one(rid: str, rules: dict[str, Rule]) -> str:

@@ -76,7 +76,7 @@ def _result(finding: dict[str, Any], rule_index: dict[str, int]) -> dict[str, An
 def render(report: dict[str, Any], rules: dict[str, Rule]) -> dict[str, Any]:
     ordered = sorted(rules)
     index = {rid: i for i, rid in enumerate(ordered)}
-    artifacts = [{"location": {"uri": t["path"]}} for t in report["traces"]]
+    artifacts = [{"location": {"uri": _uri(t["path"])}} for t in report["traces"]]  # as the results name them
     invocation: dict[str, Any] = {"executionSuccessful": report["summary"]["errors"] == 0}
     errors = [t for t in report["traces"] if t["error"]]
     if errors:
