@@ -17,10 +17,11 @@ __version__ = "0.1.0"
 
 _API = {"lint": "attntrace.api", "summarize": "attntrace.api", "Report": "attntrace.api", "Finding": "attntrace.api",
         "Summary": "attntrace.api", "TraceResult": "attntrace.api", "TraceReadError": "attntrace.api",
+        "ConfigError": "attntrace.api",
         "on_trace_ready": "attntrace.hook", "FindingsError": "attntrace.hook", "whatif": "attntrace.api",
         "profile": "attntrace.capture.measured"}
-__all__ = ["Finding", "FindingsError", "Report", "Summary", "TraceReadError", "TraceResult", "__version__",
-           "lint", "on_trace_ready", "profile", "summarize", "whatif"]
+__all__ = ["ConfigError", "Finding", "FindingsError", "Report", "Summary", "TraceReadError", "TraceResult",
+           "__version__", "lint", "on_trace_ready", "profile", "summarize", "whatif"]
 
 
 def __getattr__(name: str) -> object:  # no typing import: Ctrl-C at start-up must land in our handler

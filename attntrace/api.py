@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from attntrace.checks.config import ConfigError as ConfigError  # bad settings or config: part of the API
 from attntrace.checks.config import Settings
 from attntrace.formats import FORMATS
 
@@ -132,6 +133,8 @@ class Report:
         """Findings at or above a severity ("never" gives none); against a baseline, only new ones."""
         if severity == "never":
             return []
+        if severity not in SEVERITIES:  # was "tuple.index(x): x not in tuple"
+            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)} or never, not {severity!r}")
         limit = SEVERITIES.index(severity)
         return [f for f in self.findings if SEVERITIES.index(f.severity) <= limit
                 and f.extra.get("baseline", "new") == "new"]
@@ -254,11 +257,18 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
 
     if isinstance(settings, Settings):
         return settings
-    if config is not None and not os.fspath(config):  # an unset variable, which named no file: it was ignored
+    if settings is not None and not isinstance(settings, Mapping):  # settings=[1] was an AttributeError
+        raise TypeError(f"settings must map 'RULE.param' to a value, not {type(settings).__name__}")
+    if config is not None and not isinstance(config, str | bytes | os.PathLike):
+        raise TypeError(f"config must be a path, not {type(config).__name__}")
+    config = os.fsdecode(config) if config is not None else None  # a bytes path, as `paths` takes
+    if config is not None and not config:  # an unset variable, which named no file: it was ignored
         raise cfg.ConfigError("config: an empty path")
     file_config = cfg.read_config_file(Path(config)) if config is not None else {}
     overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (file_config.get("rules") or {}).items()}
     for key, value in (settings or {}).items():
+        if not isinstance(key, str):
+            raise TypeError(f"settings keys are 'RULE.param' or 'RULE' text, not {key!r}")
         rule, dot, param = key.partition(".")
         if dot:
             overrides.setdefault(rule, {})[param] = value
@@ -273,6 +283,8 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
 def _tokens(value: str | Iterable[str] | None) -> list[str]:
     if value is None:
         return []
+    if isinstance(value, bytes) or not isinstance(value, str | Iterable):  # b"AT1" was read as numbers: "not 65"
+        raise TypeError(f"rules are selected by text or a list of texts, not {type(value).__name__}")
     items = value.split(",") if isinstance(value, str) else list(value)
     odd = next((v for v in items if not isinstance(v, str)), None)
     if odd is not None:  # select=[101] was "'int' object has no attribute 'strip'"
@@ -321,6 +333,8 @@ def _paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
     os.PathLike object, not int")."""
     if isinstance(paths, str | bytes | os.PathLike):
         return [_path(paths)]
+    if not isinstance(paths, Iterable):  # lint(None) was "'NoneType' object is not iterable"
+        raise TypeError(f"paths must be a path or paths (str, bytes, os.PathLike), not {type(paths).__name__}")
     return [_path(p) for p in paths]
 
 
@@ -373,18 +387,22 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
         raise ValueError(f"group must be one of {', '.join(GROUPS)}, not {group!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int):
         raise TypeError(f"jobs must be a whole number, not {jobs!r}")
+    if jobs < 1:  # as --jobs
+        raise ValueError(f"jobs must be 1 or more, not {jobs}")
     chosen = build_settings(select, ignore, settings, fail_on, config)
     names = _paths(paths)
     if not names:  # as the command line, which needs a path: a CI script's empty glob passed with nothing linted
         raise ValueError("no paths given: name trace files, directories, patterns or URLs")
-    known = _read_baseline(os.fspath(baseline)) if baseline is not None else None
-    measured_run = _read_measured(os.fspath(measured)) if measured is not None else None
+    # Bytes paths as `paths` takes them (b'bl.json' was read as the text "b'bl.json'").
+    baseline, measured = (_path(p) if p is not None else None for p in (baseline, measured))
+    known = _read_baseline(baseline) if baseline is not None else None
+    measured_run = _read_measured(measured) if measured is not None else None
     targets = None
     if annotate is not None:
         from attntrace.formats.annotate import targets_for
 
-        kept = [os.fspath(p) for p in (*keep, *([config] if config else []))]
-        targets = targets_for(names, os.fspath(annotate), kept)
+        kept = [_path(p) for p in (*keep, *([config] if config else []))]
+        targets = targets_for(names, _path(annotate), kept)
     options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage, input_roots(names))
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []
@@ -404,11 +422,11 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     data = ranks.group(engine.assemble(parts), parts, group)
     warnings = []
     if measured_run is not None:
-        warnings += _apply_measured(data, measured_run, os.fspath(measured))  # type: ignore[arg-type]
+        warnings += _apply_measured(data, measured_run, measured)  # type: ignore[arg-type]
     if known is not None:
         from attntrace.report import baseline as baselines
 
-        baselines.apply(data, known, os.fspath(baseline))  # type: ignore[arg-type]
+        baselines.apply(data, known, baseline)  # type: ignore[arg-type]
     return Report(data, views, chosen.fail_on, warnings)
 
 

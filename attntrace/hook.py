@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from attntrace.api import Finding, Report, lint
+from attntrace.api import Finding, Report, build_settings, lint
 
 
 class FindingsError(AssertionError):
@@ -68,4 +68,6 @@ def on_trace_ready(dir_name: str | os.PathLike[str], fail_on: str = "never", *, 
     FindingsError when a finding is at or above fail_on ("error", "warning", "info"; "never" only prints)."""
     if fail_on not in ("error", "warning", "info", "never"):
         raise ValueError(f"fail_on must be error, warning, info or never, not {fail_on!r}")
+    # Checked now, not at the first trace after the profiled run (select=["AT999"] failed only then).
+    build_settings(select, ignore, settings)
     return TraceHook(os.fspath(dir_name), fail_on, worker_name, use_gzip, select, ignore, settings, quiet)

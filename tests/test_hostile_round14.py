@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -269,3 +270,30 @@ def test_a_settings_file_keeps_its_top_level_beside_other_tools_tables(tmp_path:
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [f"error: {config}: settings both at the top level and in "
                                           "[tool.attntrace]; keep one place"]
+
+
+def test_the_api_refuses_wrong_arguments_with_its_own_errors(tmp_path: Path):
+    # Each was a raw Python message (not iterable, "not 65"), an AttributeError, an exception that was neither a
+    # ValueError nor exported, accepted (jobs=0), or a bytes path turned into the text "b'...'".
+    import attntrace
+    from attntrace import api
+
+    trace = sample("bf16_causal_fwd/naive")
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (lambda: api.lint(None), TypeError, "paths must be a path or paths"),  # type: ignore[arg-type]
+        (lambda: api.lint(trace, select=5), TypeError, "rules are selected by text"),  # type: ignore[arg-type]
+        (lambda: api.lint(trace, select=b"AT1"), TypeError, "not bytes"),  # type: ignore[arg-type]
+        (lambda: api.lint(trace, settings=[1]), TypeError, "settings must map"),  # type: ignore[arg-type]
+        (lambda: api.lint(trace, settings={5: 1}), TypeError, "settings keys are"),
+        (lambda: api.lint(trace, jobs=0), ValueError, "jobs must be 1 or more"),
+        (lambda: api.lint(trace).at_or_above("x"), ValueError, "severity must be one of"),
+        (lambda: attntrace.on_trace_ready(tmp_path, select=["AT999"]), attntrace.ConfigError, "unknown rule"),
+    ]
+    for call, kind, words in cases:
+        with pytest.raises(kind, match=words):
+            call()
+    with pytest.raises(ValueError, match="fail-on must be one of"):  # a ConfigError is a ValueError
+        api.lint(trace, fail_on="WARN")
+    baseline = tmp_path / "bl.json"
+    CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--write-baseline", str(baseline), "--fail-on", "never"])
+    assert api.lint(trace, baseline=os.fsencode(baseline)).to_dict()["baseline"]["known"] == 1

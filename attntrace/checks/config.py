@@ -24,7 +24,7 @@ from attntrace.read.buffers import read_small_file
 FAIL_ON = ("error", "warning", "info", "never")
 
 
-class ConfigError(Exception):
+class ConfigError(ValueError):
     """Bad settings; the message is one line and names where they came from."""
 
 
@@ -223,6 +223,8 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
         for rid, level in severity.items():
             if level not in SEVERITIES:
                 raise ValueError(f"rules.{rid}.severity must be one of {', '.join(SEVERITIES)}, not {level!r}")
+    except ConfigError:
+        raise  # named its option already
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
     level = fail_on or file_config.get("fail-on") or file_config.get("fail_on") or "warning"
