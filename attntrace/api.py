@@ -449,15 +449,21 @@ def _read_measured(path: str) -> dict[str, Any]:
 
 
 def _apply_measured(data: dict[str, Any], measured: dict[str, Any], path: str) -> list[str]:
-    """Measured savings in place of the assumed ones; a line for the measured findings that matched none."""
+    """Measured savings in place of the assumed ones; a line for the measured findings that matched none, and one
+    for those whose saving is more than the whole step."""
     from attntrace.capture import fromtrace
 
-    _, unmatched = fromtrace.apply_measured(data, measured, path)
-    if not unmatched:
-        return []
-    rules = sorted({str(measured["findings"][key].get("rule")) for key in unmatched})
-    return [f"{path}: {len(unmatched)} measured finding(s) ({', '.join(rules)}) match no finding of these traces: "
-            "their impact stays assumed (run `attntrace run --from-trace` on them again)"]
+    _, unmatched, too_large = fromtrace.apply_measured(data, measured, path)
+    lines = []
+    if unmatched:
+        rules = sorted({str(measured["findings"][key].get("rule")) for key in unmatched})
+        lines.append(f"{path}: {len(unmatched)} measured finding(s) ({', '.join(rules)}) match no finding of these "
+                     "traces: their impact stays assumed (run `attntrace run --from-trace` on them again)")
+    if too_large:
+        rules = sorted({str(measured["findings"][key].get("rule")) for key in too_large})
+        lines.append(f"{path}: {len(too_large)} measured saving(s) ({', '.join(rules)}) larger than the whole step "
+                     "of the trace not applied: their impact stays assumed (measure this trace's program)")
+    return lines
 
 
 def _size(path: str) -> int:

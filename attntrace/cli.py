@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib.util
+import math
 import os
 import signal
 import sys
@@ -673,7 +674,12 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
             _error(f"{trace['path']}: --annotate: {trace['annotate_error']} (its findings are in the report)")
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
     read = _with_files_behind([*paths, *(t["path"] for t in report.data["traces"]), *side_files], paths)
-    if write_baseline:
+    unread = sum(bool(t["error"]) for t in report.data["traces"])
+    if write_baseline and unread:
+        # A baseline without an input's findings would call each of them new on the next run: none is written.
+        _error(f"--write-baseline {_shown(write_baseline)}: not written, {unread} input(s) could not be read (fix or "
+               "leave them out, then write it again)")
+    elif write_baseline:
         _emit(report.baseline(), write_baseline, read)
     colour = fmt == "text" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty()
     _emit(report.render(fmt, colour), output, read)
@@ -737,15 +743,19 @@ def explain(rule: str) -> None:
               help="Exit 1 when NEW's step time is more than PCT percent above BASE's, outside the step spread.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output", "-o", type=GivenPath(), help="Write the comparison to this file instead of stdout.")
+@click.option("--config", "config_path", type=GivenPath(dir_okay=False),
+              help="A TOML file of settings, as lint's (default: the nearest pyproject.toml).")
 @read_options
-def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None, max_size: int | None,
-         salvage: bool) -> None:
+def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | None, config_path: str | None,
+         max_size: int | None, salvage: bool) -> None:
     """Compare two traces, or two directories of traces matched by name."""
     from attntrace.read.sources import is_url
     from attntrace.report import diff as differ
 
-    if fail_over is not None and fail_over != fail_over:
-        raise click.BadParameter("must be a number, not nan", param_hint="--fail-over")
+    if fail_over is not None and not math.isfinite(fail_over):  # inf: a gate that can never fire, shown as none
+        raise click.BadParameter(f"must be a finite number, not {fail_over}", param_hint="--fail-over")
+    # As lint's and summary's: the config's profiler costs give the step without the profiler they report.
+    settings = _settings(None, None, (), None, config_path)
     for path in (base, new):
         if path == "-":
             raise click.ClickException("diff compares files or directories, not stdin ('-')")
@@ -757,7 +767,7 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
             raise click.ClickException(f"{_shown(path)}: {exc.strerror or exc}") from exc
         if missing:
             raise click.ClickException(f"{_shown(path)}: no such file or directory")
-    result = _escaped(differ.compare(base, new, fail_over, _read_options(max_size, salvage)))
+    result = _escaped(differ.compare(base, new, fail_over, _read_options(max_size, salvage), settings))
     shown_in_report = fmt != "json" and output in (None, "-") and _one_terminal()  # as lint's
     for c in result["comparisons"]:
         for line in c["errors"] if not shown_in_report else ():

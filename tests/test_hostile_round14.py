@@ -297,3 +297,48 @@ def test_the_api_refuses_wrong_arguments_with_its_own_errors(tmp_path: Path):
     baseline = tmp_path / "bl.json"
     CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--write-baseline", str(baseline), "--fail-on", "never"])
     assert api.lint(trace, baseline=os.fsencode(baseline)).to_dict()["baseline"]["known"] == 1
+
+
+def test_a_measured_saving_larger_than_the_step_is_not_applied(tmp_path: Path):
+    # 8.6e10 us saved on a 2.3 ms step was applied: "~86000000 ms ... (3773560065.8% of step)".
+    trace = sample("bf16_causal_fwd/naive")
+    measured = _measured(trace, tmp_path)
+    (fingerprint,) = measured["findings"]
+    measured["findings"][fingerprint]["saved_us_per_step"] = 8.6e10
+    run_json = tmp_path / "run.json"
+    run_json.write_bytes(orjson.dumps(measured))
+    result = _lint_measured(trace, run_json)
+    finding = next(f for f in orjson.loads(result.stdout)["findings"] if f["fingerprint"] == fingerprint)
+    assert finding["impact"].get("basis") != "measured" and finding["impact"]["share_of_step"] <= 1
+    assert "1 measured saving(s) (AT102) larger than the whole step of the trace not applied" in result.stderr
+
+
+def test_diff_takes_the_configs_profiler_costs_and_refuses_a_gate_that_cannot_fire(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    # diff ignored [tool.attntrace.profiler_cost]: its step without the profiler was not the one summary and lint
+    # report in the same folder. --fail-over inf was accepted, and shown as no gate.
+    from attntrace import api
+
+    trace = str(Path(sample("bf16_causal_fwd/naive")).parents[1] / "workloads/launch_bound_tiny_ops.pt.trace.json.gz")
+    monkeypatch.chdir(tmp_path)
+    Path("pyproject.toml").write_text("[tool.attntrace.profiler_cost]\ncpu_op_us = 50.0\nruntime_call_us = 50.0\n")
+    summary = CliRunner().invoke(main, ["summary", trace, "--format", "json"])
+    summarized = orjson.loads(summary.stdout)["traces"][0]["profiler"]["est_step_us"]
+    pair = orjson.loads(CliRunner().invoke(main, ["diff", trace, trace, "--format", "json"]).stdout)["comparisons"][0]
+    assert pair["step"]["base_median"] == pytest.approx(summarized, rel=1e-3)
+    assert pair["step"]["base_median"] != pytest.approx(api.summarize(trace).data["profiler"]["est_step_us"], rel=1e-3)
+    for gate in ("inf", "1e309"):
+        result = CliRunner().invoke(main, ["diff", trace, trace, "--fail-over", gate])
+        assert result.exit_code == 2 and "must be a finite number" in result.stderr
+
+
+def test_a_baseline_is_not_written_when_an_input_could_not_be_read(tmp_path: Path):
+    # The baseline of the readable inputs was written: the unreadable one's findings would all be new next time.
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    baseline = tmp_path / "baseline.json"
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), str(bad),
+                                       "--write-baseline", str(baseline), "--fail-on", "never"])
+    assert result.exit_code == 2 and not baseline.exists()
+    assert (f"error: --write-baseline {baseline}: not written, 1 input(s) could not be read (fix or leave them out, "
+            "then write it again)") in result.stderr.splitlines()

@@ -295,16 +295,19 @@ def read_measured(path: str) -> dict[str, Any]:
     return doc
 
 
-def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str) -> tuple[int, list[str]]:
+def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
+                   ) -> tuple[int, list[str], list[str]]:
     """Replace the assumed impact of findings that a from-trace run measured with the measured saving, and say so;
     the findings are sorted again and each trace's total impact redone. A finding is matched by its fingerprint,
     else by its rule and the op chain of the sites measured for it (a fingerprint written by an earlier version of
     attntrace: the committed GPT-2 run.json's AT102 key changed when AT102 began counting the backward). Returns how
-    many findings changed and the measured fingerprints that matched none."""
+    many findings changed, the measured fingerprints that matched none, and those whose saving is larger than the
+    whole step of the finding's trace (measured on another program, or not a measurement): those are not applied."""
     entries = measured["findings"]
     chains = _measured_chains(measured)
     used: set[str] = set()
     changed = 0
+    too_large: list[str] = []
     for finding in report["findings"]:
         # A saving measured for one rule is never given to another rule's finding, even under its fingerprint.
         key = finding["fingerprint"] if entries.get(finding["fingerprint"], {}).get("rule") == finding["rule"] \
@@ -317,6 +320,9 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
         old_us, old_share = impact["gpu_us_per_step"], impact["share_of_step"]
         step_us = old_us / old_share if old_us and old_share else _step_us(report, finding["trace"])
         saved = float(hit["saved_us_per_step"])
+        if step_us and saved > step_us:  # 8.6e10 us on a 2.3 ms step was applied: "3773560065.8% of step"
+            too_large.append(key)
+            continue
         impact.update({"gpu_us_per_step": round(saved, 3),
                        "share_of_step": round(saved / step_us, 4) if step_us else 0.0,
                        "basis": "measured", "assumed_gpu_us_per_step": old_us})
@@ -333,7 +339,7 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
             if "impact_gpu_us_per_step" in trace:
                 trace["impact_gpu_us_per_step"] = total_impact([f for f in report["findings"]
                                                                 if f["trace"] == trace["path"]])
-    return changed, sorted(set(entries) - used)
+    return changed, sorted(set(entries) - used), sorted(too_large)
 
 
 def _measured_chains(measured: dict[str, Any]) -> dict[str, tuple[str, set[str]]]:

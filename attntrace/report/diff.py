@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from attntrace.checks.config import Settings
 from attntrace.model import stats
 from attntrace.model.identity import fold_name, trace_label
 from attntrace.model.loading import InputError, display_path, guarded, load
@@ -54,10 +55,11 @@ def _classes(trace: Any, steps: int) -> dict[str, float]:
     return {cls: n / max(steps, 1) for cls, n in counts.iter_rows()}
 
 
-def _analyse(path: str, label: str, options: ReadOptions | None) -> tuple[Any, TraceReport]:
+def _analyse(path: str, label: str, options: ReadOptions | None, settings: Settings | None
+             ) -> tuple[Any, TraceReport]:
     trace = load(path, options)
     trace.label = label  # both traces of a pair by one name: their findings' fingerprints then compare
-    return trace, lint_trace(trace)
+    return trace, lint_trace(trace, settings)
 
 
 def _gpu_names(trace: Any) -> list[str]:
@@ -79,20 +81,27 @@ def _steady_count(trace: Any, steps: list[float]) -> int:
     return sum(s <= stats.STEADY_RATIO * min(positive) for s in positive)
 
 
-def _too_few_steps(counts: dict[str, int], traces: dict[str, Any]) -> str | None:
+def _too_few_steps(counts: dict[str, int], traces: dict[str, Any], steps: dict[str, list[float]]) -> str | None:
     """Why the step times cannot be compared, and what would let them be; None when they can."""
     short = [side for side in ("base", "new") if counts[side] < MIN_STEADY_STEPS]
     if not short:
         return None
     said = []
+    # Steps that hold no time (all 0 us): more steps would not help, the trace's times are missing.
+    untimed = [side for side in short if steps[side] and not any(s > 0 for s in steps[side])]
     for side in short:
         if traces[side].step_info.source == "trace":
             said.append(f"the {side} trace marks no steps (its one window is the whole trace)")
+        elif side in untimed:
+            said.append(f"the {side} trace's {len(steps[side])} step(s) last 0 us")
         else:
             said.append(f"the {side} trace has {counts[side]} steady step{'s' if counts[side] != 1 else ''}")
     unmarked = any(traces[side].step_info.source == "trace" for side in short)
-    fix = ("call prof.step() once per iteration so that steps are marked, and " if unmarked else "") + \
-        ("capture at least 3 steps (torch.profiler.schedule(active=3) or more: the first often runs slow)")
+    if untimed and len(untimed) == len(short):
+        fix = "capture it again: its events carry no durations"
+    else:
+        fix = ("call prof.step() once per iteration so that steps are marked, and " if unmarked else "") + \
+            ("capture at least 3 steps (torch.profiler.schedule(active=3) or more: the first often runs slow)")
     return (f"not compared: {' and '.join(said)}, and the test needs {MIN_STEADY_STEPS} steady steps on each side; "
             f"to compare, {fix}")
 
@@ -199,10 +208,12 @@ def _host_or_program(metrics: dict[str, Any]) -> str | None:
 
 
 def compare_pair(base: str, new: str, fail_over: float | None, label: str | None = None,
-                 options: ReadOptions | None = None) -> dict[str, Any]:
+                 options: ReadOptions | None = None, settings: Settings | None = None) -> dict[str, Any]:
+    """One pair compared; settings: lint's (the config's profiler costs make the step without the profiler that
+    lint and summary report, and its rules the findings)."""
     # The pair by one name: the new trace's, as a baseline of it would have.
     name = label or trace_label(display_path(new))
-    results = [guarded(p, lambda path: _analyse(path, name, options)) for p in (base, new)]
+    results = [guarded(p, lambda path: _analyse(path, name, options, settings)) for p in (base, new)]
     errors = [r for r in results if isinstance(r, InputError)]
     if errors:
         return {"base": base, "new": new, "errors": [f"{e.path}: {e.message}" for e in errors],
@@ -229,7 +240,8 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
     metrics["gpu_busy_us"]["change_pct"] = busy.change_pct
     # Too few steady steps on a side: the figures are shown, with no verdict and no gate (not_compared says why).
     not_compared = _incomplete({"base": bt, "new": nt}) or _different_profilers(bt, nt) or _too_few_steps(
-        {"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)}, {"base": bt, "new": nt}) \
+        {"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)}, {"base": bt, "new": nt},
+        {"base": base_steps, "new": new_steps}) \
         or _different_bases(base_basis, new_basis) or _untimed_gpu({"base": bt, "new": nt}) \
         or _different_gpus(bt, nt)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
@@ -339,7 +351,8 @@ def _one_sided(base: str | None, new: str | None) -> dict[str, Any] | None:
     return {"base": base, "new": new, "error": None}
 
 
-def compare(base: str, new: str, fail_over: float | None, options: ReadOptions | None = None) -> dict[str, Any]:
+def compare(base: str, new: str, fail_over: float | None, options: ReadOptions | None = None,
+            settings: Settings | None = None) -> dict[str, Any]:
     comparisons, unmatched = [], []
     matched, problems = pairs(base, new)
     for b, n in matched:
@@ -348,7 +361,8 @@ def compare(base: str, new: str, fail_over: float | None, options: ReadOptions |
             if entry is not None:
                 unmatched.append(entry)
             continue
-        result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)), options)
+        result = compare_pair(b, n, fail_over, trace_label(display_path(n), (display_path(new),)), options,
+                              settings)
         if len(matched) > 1 and result.pop("not_traces", False):
             continue  # other JSON beside the traces of a directory (run.json)
         result.pop("not_traces", None)
