@@ -342,3 +342,12 @@ def test_a_baseline_is_not_written_when_an_input_could_not_be_read(tmp_path: Pat
     assert result.exit_code == 2 and not baseline.exists()
     assert (f"error: --write-baseline {baseline}: not written, 1 input(s) could not be read (fix or leave them out, "
             "then write it again)") in result.stderr.splitlines()
+
+
+def test_a_baseline_entry_of_null_is_named_null_not_missing(tmp_path: Path):
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text('{"attntrace_baseline": 1, "findings": [{"fingerprint": "ab12", "rule": null}]}')
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--baseline",
+                                       str(baseline)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {baseline}: baseline entry 1: 'rule' must be a string, not null"]

@@ -46,7 +46,8 @@ def load(path: str) -> dict[str, dict[str, Any]]:
         if not isinstance(entry, dict):
             raise BaselineError(f"{where} must be an object with a fingerprint, not {type(entry).__name__}")
         if not isinstance(entry.get("fingerprint"), str) or not entry["fingerprint"]:
-            raise BaselineError(f"{where}: 'fingerprint' must be a string, not {_kind(entry.get('fingerprint'))}")
+            given = _kind(entry["fingerprint"]) if "fingerprint" in entry else "missing"
+            raise BaselineError(f"{where}: 'fingerprint' must be a string, not {given}")
         for key in ("trace", "rule", "message"):
             if key in entry and not isinstance(entry[key], str):
                 raise BaselineError(f"{where}: '{key}' must be a string, not {_kind(entry[key])}")
@@ -57,7 +58,7 @@ def load(path: str) -> dict[str, dict[str, Any]]:
 def _kind(value: Any) -> str:
     if isinstance(value, str):
         return "empty" if not value else repr(value)
-    return "missing" if value is None else {"dict": "an object", "list": "a list"}.get(
+    return "null" if value is None else {"dict": "an object", "list": "a list"}.get(
         type(value).__name__, f"the {type(value).__name__} {value!r}")
 
 
