@@ -351,3 +351,63 @@ def test_a_baseline_entry_of_null_is_named_null_not_missing(tmp_path: Path):
                                        str(baseline)])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [f"error: {baseline}: baseline entry 1: 'rule' must be a string, not null"]
+
+
+@pytest.mark.parametrize("table", ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"])
+def test_an_nsys_export_whose_rows_have_no_start_is_read_without_them(tmp_path: Path, table: str):
+    # Every kernel (or runtime call) with start = NULL ended in "internal error (TypeError: '<' not supported between
+    # instances of 'NoneType' and 'float'); please report it".
+    import sqlite3
+
+    from nsys_build import FP32_GEMM, Export, Kernel
+
+    kernels = [Kernel(FP32_GEMM, 3000.0 * step + 40.0, 600.0, registers=64, block=128, grid=264,
+                      launch_at_us=3000.0 * step + 30.0) for step in range(4)]
+    ranges = [(f"ProfilerStep#{step + 1}", 3000.0 * step, 3000.0 * step + 700.0) for step in range(4)]
+    export = Export(kernels=kernels, ranges=ranges).write(tmp_path / "run.sqlite")
+    with sqlite3.connect(export) as connection:  # the real exports' tables allow it (the corpus's healthy_1pct)
+        connection.executescript(f"CREATE TABLE loose AS SELECT * FROM {table}; DROP TABLE {table}; "
+                                 f"ALTER TABLE loose RENAME TO {table}; UPDATE {table} SET start = NULL;")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(export), "--format", "json", "--fail-on", "never"])
+    assert result.exit_code == 0, result.stderr
+    (trace,) = orjson.loads(result.stdout)["traces"]
+    assert "4 row(s) without a start or an end ignored" in trace["summary"]["notes"]
+
+
+def test_a_file_whose_first_bytes_are_no_json_is_refused_without_being_read_whole(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    # A 4 GiB sparse file of zeros took 20 s and 4.25 GB of memory to be refused; its first bytes already said it.
+    from attntrace.read import buffers
+
+    zeros = tmp_path / "zeros.json"
+    with zeros.open("wb") as fh:
+        fh.truncate(64 << 20)
+
+    def read_whole(fh: Any, size: int) -> bytearray:
+        raise AssertionError(f"read all {size} bytes")
+
+    monkeypatch.setattr(buffers, "_read_regular", read_whole)
+    data, _ = buffers.load_bytes(str(zeros))
+    assert len(data) == buffers.HEAD_BYTES
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(zeros)])
+    assert result.stderr.splitlines() == [f"error: {zeros}: not a JSON object or list (starts with "
+                                          f"{bytes(12)!r})"]
+    with pytest.raises(AssertionError, match="read all"):  # a trace is read whole
+        buffers.load_bytes(str(Path(sample("bf16_causal_fwd/naive"))))
+
+
+def test_an_nsight_systems_report_is_named_with_the_command_that_exports_it(tmp_path: Path):
+    # A .nsys-rep was "not a JSON object or list (starts with b'iI\\xb5...')", and a folder of them "no trace files".
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"iI\xb5\x00" + bytes(200))
+    sqlite = tmp_path / "run.sqlite"
+    export = f"nsys export --type sqlite --output {sqlite} {report}, then lint {sqlite}"
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(report)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {report}: an Nsight Systems report, not a trace (attntrace reads "
+                                          f"its SQLite export): {export}"]
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {tmp_path}: no trace files (*.json, *.json.gz) or Nsight Systems "
+                                          "exports (*.sqlite) in this directory; it holds 1 Nsight Systems report(s) "
+                                          f"(.nsys-rep): {export}"]

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from attntrace.read import workers
-from attntrace.read.encodings import gunzip, may_be_a_trace, other_format
+from attntrace.read.encodings import gunzip, may_be_a_trace, other_format, wide_codec
 from attntrace.read.errors import TraceError
 from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer, FileIdentity
 
 STREAM_CHUNK = 1 << 20
 
 
+HEAD_BYTES = 4096  # what a regular file's first read sniffs: JSON, gzip, another format, or nothing attntrace reads
 FIFO_WAIT_S = 10.0  # how long a named FIFO may wait for its writer before it is refused
 
 
@@ -62,8 +63,12 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                     # and no word said (Python cannot make SIGBUS an exception). Read, a file cut short is that
                     # file's error, and no later change reaches the copy. Against mapping, on a 61 MB trace: the
                     # same peak (the copy goes before the pieces' tables are joined, the peak).
-                    data = _read_regular(fh, info.st_size)
-                    _unchanged_since(info, os.fstat(fh.fileno()))
+                    head = os.pread(fh.fileno(), HEAD_BYTES, 0)
+                    if may_be_a_trace(head) or wide_codec(head[:4]) is not None:
+                        data = _read_regular(fh, info.st_size)
+                        _unchanged_since(info, os.fstat(fh.fileno()))
+                    else:  # what it is, or that it is no JSON, shows in its first bytes: the rest is not read
+                        data = bytearray(head)  # (a 4 GiB file of zeros took 20 s and 4.25 GB to be refused)
                 else:
                     data = _read_stream(fh, max_bytes, first)
     except IsADirectoryError as exc:

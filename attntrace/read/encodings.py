@@ -57,6 +57,15 @@ def _new_file_name(bare: str, base: str) -> str:
     return next((c for c in candidates if c != base and not os.path.lexists(c)), candidates[-1])
 
 
+NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # Nsight Systems' own format (.qdrep before 2021.3)
+
+
+def nsys_export_command(name: str) -> str:
+    """The command that makes the SQLite export attntrace reads from an Nsight Systems report."""
+    out = re.sub(r"\.(nsys-rep|qdrep)$", "", name) + ".sqlite"
+    return f"nsys export --type sqlite --output {shlex.quote(out)} {shlex.quote(name)}, then lint {shlex.quote(out)}"
+
+
 def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> TraceError | None:
     """Why bytes that begin with `head` are no trace when they are another compression or an archive (bz2, zstd,
     xz, zip, 7z, tar), with the command that extracts them from the file `name`; None otherwise. `gzipped`: these
@@ -79,6 +88,9 @@ def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> Trac
                                   f"mkdir {stem} && tar {flags} {file} -C {stem}, then lint {stem}")
             return TraceError("unsupported", f"{what}, not a trace (attntrace reads JSON and gzip): "
                               f"{command.format(file=file, stem=stem, out=out)}")
+    if base.endswith(NSYS_REPORT_SUFFIXES):
+        return TraceError("unsupported", f"an Nsight Systems report, not a trace (attntrace reads its SQLite export): "
+                          f"{nsys_export_command(name)}")
     if head[257:262] == b"ustar":  # a tar member's header: its name first, the format's magic at 257
         flags = "xzf" if gzipped else "xf"
         return TraceError("unsupported", f"a tar archive{' (gzip-compressed)' if gzipped else ''}, not a trace: "

@@ -12,6 +12,7 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from attntrace.read.encodings import NSYS_REPORT_SUFFIXES, nsys_export_command
 from attntrace.read.errors import TRACE_SUFFIXES, TraceError
 
 _GLOB = re.compile(r"[*?\[]")
@@ -100,7 +101,7 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]
             found, problems = _walk_traces(path)
             if not found and not problems:
                 yield TraceError("not-found", "no trace files (*.json, *.json.gz) or Nsight Systems exports "
-                                 "(*.sqlite) in this directory", path=given)
+                                 "(*.sqlite) in this directory" + _reports_hint(path), path=given)
             yield from ((p, given) for p in found)
             yield from problems
         elif exists:
@@ -171,6 +172,17 @@ def _unreadable_under(pattern: str) -> list[TraceError]:
     except OSError as exc:
         unreadable(exc)
     return sorted(problems, key=lambda e: e.path or "")
+
+
+def _reports_hint(root: Path) -> str:
+    """For a folder with no trace: the Nsight Systems reports it holds, which attntrace reads once exported."""
+    try:
+        reports = sorted(str(p) for p in root.rglob("*") if p.name.endswith(NSYS_REPORT_SUFFIXES) and p.is_file())
+    except (OSError, RecursionError):
+        return ""
+    if not reports:
+        return ""
+    return f"; it holds {len(reports)} Nsight Systems report(s) (.nsys-rep): {nsys_export_command(reports[0])}"
 
 
 def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:

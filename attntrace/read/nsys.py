@@ -190,9 +190,26 @@ def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
               "flows": pl.DataFrame(schema={"ph": pl.String, "cat": pl.String, "id": pl.String, "ts": pl.Float64,
                                             "tid": pl.String}),
               "gpu_annotations": empty_host, "python": empty_host, "op_args": op_inputs}
+    notes.extend(_drop_untimed(frames))
     if not any(frame.height for name, frame in frames.items() if name in ("ops", "launches", "gpu")):
         raise TraceError("empty", "an Nsight Systems export with no kernels, copies, runtime calls or NVTX ranges")
     return RawTrace(path, size, document, notes=notes, frames=frames, profiler="nsys")
+
+
+def _drop_untimed(frames: dict[str, Any]) -> list[str]:
+    """Rows without a start or an end (NULL: Nsight writes none) left out, as a Kineto event without a time is;
+    a note says how many. A table of them all ended in "internal error (TypeError ...)" on the first min()."""
+    dropped = 0
+    for name in ("ops", "launches", "gpu"):
+        frame = frames[name]
+        timed = frame.filter(pl.col("ts").is_not_null() & pl.col("dur").is_not_null())
+        if timed.height != frame.height:
+            if name == "ops":  # op_args is in the ops' order
+                keep = (frame["ts"].is_not_null() & frame["dur"].is_not_null())
+                frames["op_args"] = frames["op_args"].filter(keep)
+            dropped += frame.height - timed.height
+            frames[name] = timed
+    return [f"{dropped} row(s) without a start or an end ignored"] if dropped else []
 
 
 def _frame(connection: sqlite3.Connection, query: str, schema: dict[str, Any]) -> pl.DataFrame:
