@@ -411,3 +411,43 @@ def test_an_nsight_systems_report_is_named_with_the_command_that_exports_it(tmp_
     assert result.stderr.splitlines() == [f"error: {tmp_path}: no trace files (*.json, *.json.gz) or Nsight Systems "
                                           "exports (*.sqlite) in this directory; it holds 1 Nsight Systems report(s) "
                                           f"(.nsys-rep): {export}"]
+
+
+def _dead_pid() -> int:
+    """The number of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_next_run_removes_what_a_run_killed_with_its_whole_group_left(tmp_path: Path):
+    # `timeout -s KILL 3 attntrace lint big/ --jobs 2 --annotate DIR` kills every process of the run: nothing could
+    # remove DIR/.g3.json.gz.XXXX.tmp or /tmp/pymp-*, and they stayed for good. Their names now tell their writer,
+    # and the next run removes those whose writer has gone, and nothing else.
+    dead = _dead_pid()
+    out = tmp_path / "out"
+    out.mkdir()
+    left = out / f".naive.pt.trace.json.gz.attntrace-{dead}.k3j4h5g6.tmp"
+    alive = out / f".naive.pt.trace.json.gz.attntrace-{os.getpid()}.a1b2c3d4.tmp"
+    someone_elses = out / f".naive.{dead}.k3j4h5g6.tmp"
+    for path in (left, alive, someone_elses):
+        path.write_bytes(b"half")
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--annotate", str(out),
+                                       "--fail-on", "never"])
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, someone_elses.name,
+                                                            "naive.pt.trace.json.gz"])
+    # multiprocessing's folder of a run gone, and one of a run still going.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    gone, going, unmarked = tmp / "pymp-gone0000", tmp / "pymp-going000", tmp / "pymp-other000"
+    for folder, owner in ((gone, dead), (going, os.getpid()), (unmarked, None)):
+        folder.mkdir()
+        if owner is not None:
+            (folder / f"attntrace-owner-{owner}").touch()
+    script = ("import sys; from attntrace.read import workers; workers.warm_up(strict=True); "
+              "from multiprocessing import util; print(util.get_temp_dir())")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp)})
+    assert run.returncode == 0, run.stderr
+    assert not gone.exists() and going.exists() and unmarked.exists()

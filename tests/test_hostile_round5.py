@@ -156,7 +156,8 @@ def test_a_measured_saving_that_is_not_one_is_one_line(tmp_path: Path, entry: An
     # saved_us_per_step: a traceback outside the per-trace guard, exit 1, nothing on stdout.
     (finding,) = [f for f in lint_json(NAIVE)[1]["findings"] if f["rule"] == "AT102"]
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"kind": "attntrace-from-trace", "findings": {finding["fingerprint"]: entry}}))
+    path.write_text(json.dumps({"kind": "attntrace-from-trace", "schema_version": 1,
+                                "findings": {finding["fingerprint"]: entry}}))
     assert "not a measured saving" in refused_side_file("--measured", str(path))
 
 

@@ -66,7 +66,7 @@ def test_annotate_never_replaces_a_file_the_run_reads(tmp_path: Path, monkeypatc
         Path("side.json").write_text('[tool.attntrace]\nfail-on = "never"\n')
         args = ["--config", "side.json"]
     elif option == "--measured":
-        Path("side.json").write_text('{"kind": "attntrace-from-trace", "findings": {}}')
+        Path("side.json").write_text('{"kind": "attntrace-from-trace", "schema_version": 1, "findings": {}}')
         args = ["--measured", "side.json"]
     else:
         Path("pyproject.toml").write_text('[tool.attntrace]\nfail-on = "never"\n')
@@ -192,7 +192,7 @@ def test_a_measured_saving_out_of_range_is_refused(tmp_path: Path, saved: float)
     assert run("lint", NAIVE, "--write-baseline", str(baseline), "--fail-on", "never").exit_code == 0
     fingerprint = next(f["fingerprint"] for f in json.loads(baseline.read_text())["findings"] if f["rule"] == "AT102")
     measured = tmp_path / "m.json"
-    measured.write_text(json.dumps({"kind": "attntrace-from-trace",
+    measured.write_text(json.dumps({"kind": "attntrace-from-trace", "schema_version": 1,
                                     "findings": {fingerprint: {"saved_us_per_step": saved}}}))
     assert "not a measured saving" in one_line_error(run("lint", NAIVE, "--measured", str(measured)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import stat
 import tempfile
@@ -12,6 +13,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
+
+from attntrace.liveness import running
 
 FIFO_WAIT_S = 10.0  # how long an output FIFO may wait for its reader, as an input FIFO waits for its writer
 
@@ -23,6 +26,30 @@ class WouldOverwriteInput(OSError):
 # The temporary files being written now (replacing): a SIGINT, SIGTERM or SIGHUP handler that ends the process at once
 # (attntrace.__main__) removes them first, as the clean-up below would have.
 _unfinished: set[str] = set()
+
+
+# A temporary file's name tells its writer: ".NAME.attntrace-PID.XXXXXXXX.tmp". A run killed with SIGKILL (every
+# process of its group: `timeout -s KILL`, the OOM killer) can remove nothing; the next run that writes to the same
+# folder removes what such writers left (_left_by_the_dead).
+TMP_TAG = "attntrace-"
+LEFT_BEHIND = re.compile(r"^\..*\.attntrace-(\d+)\.[a-z0-9_]{8}\.tmp$")
+_swept: set[str] = set()  # folders this process has cleaned already: once each, not once per file
+
+
+def _left_by_the_dead(folder: str) -> None:
+    """Remove the temporary files that writers which no longer run left in `folder` (see TMP_TAG)."""
+    if folder in _swept:
+        return
+    _swept.add(folder)
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return
+    for name in names:
+        found = LEFT_BEHIND.match(name)
+        if found and not running(int(found.group(1))):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
 
 
 def remove_unfinished() -> None:
@@ -73,7 +100,8 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     # The temporary name holds at most 100 bytes of the target's: a target name near the 255-byte limit is valid,
     # the same name with a prefix and suffix around it is not.
     stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
-    fd, tmp = _created(os.path.dirname(real), f".{stem}.")
+    _left_by_the_dead(os.path.dirname(real))
+    fd, tmp = _created(os.path.dirname(real), f".{stem}.{TMP_TAG}{os.getpid()}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

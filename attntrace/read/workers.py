@@ -24,6 +24,7 @@ from types import TracebackType
 
 from attntrace import late_signals
 from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
+from attntrace.liveness import running
 
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
@@ -366,6 +367,37 @@ def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
             return
 
 
+# multiprocessing's folder (/tmp/pymp-*) of a run killed with all its processes (SIGKILL of the group: `timeout -s
+# KILL`, the OOM killer) stays: nothing of the run is left to remove it. Each run's folder holds a file naming its
+# process, and the next run that starts a server removes the folders of processes that are gone.
+FOLDER_OWNER = "attntrace-owner-"
+_marked = False
+
+
+def _sweep_and_mark(folder: str) -> None:
+    """Once per process: mark `folder` (this process's multiprocessing folder) as this process's, and remove the
+    folders beside it that a process no longer running marked."""
+    global _marked
+    if _marked:
+        return
+    _marked = True
+    with contextlib.suppress(OSError):
+        Path(folder, f"{FOLDER_OWNER}{os.getpid()}").touch()
+    parent = os.path.dirname(folder)
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith("pymp-") and e.path != folder]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            owners = [n for n in os.listdir(entry.path) if n.startswith(FOLDER_OWNER)]
+        except OSError:
+            continue
+        pids = [int(n[len(FOLDER_OWNER):]) for n in owners if n[len(FOLDER_OWNER):].isdigit()]
+        if pids and not any(running(pid) for pid in pids):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def warm_up(threads: int = 1, strict: bool = False) -> None:
     """Start the server now, so its imports overlap this process's own work (reading the file); harmless when
     it is running already or cannot start (the pool that needs it then says so). threads: the polars threads of
@@ -386,6 +418,7 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
         if strict:
             raise
         return
+    _sweep_and_mark(server_env[SPAWNER_TEMPDIR_ENV])
     if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
         server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
     with interrupts_ignored(), _environment(server_env), _on_start_cores(), start_method_kept():
