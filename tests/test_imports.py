@@ -81,12 +81,13 @@ def test_the_cycle_finder_finds_one():
 
 
 # The packages in the order data flows through them; a module may import its own package and those before it.
-# install (pip hints), allocator (polars' memory), cores (its threads) and late_signals (signals during native code)
-# use the standard library only, for any layer.
+# install (pip hints), allocator (polars' memory), cores (its threads), late_signals (signals during native code)
+# and liveness (whether a process runs) use the standard library only, for any layer.
 LAYERS = ["attntrace.read", "attntrace.model", "attntrace.checks", "attntrace.report", "attntrace.formats",
           "attntrace.capture"]
 FRONT = {"attntrace.api", "attntrace.cli", "attntrace.hook", "attntrace.distributed", "attntrace.__main__"}
-ANY_LAYER = {"attntrace", "attntrace.install", "attntrace.allocator", "attntrace.cores", "attntrace.late_signals"}
+ANY_LAYER = {"attntrace", "attntrace.install", "attntrace.allocator", "attntrace.cores", "attntrace.late_signals",
+             "attntrace.liveness"}
 
 
 def _layer(module: str) -> int:
