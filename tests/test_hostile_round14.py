@@ -73,12 +73,17 @@ def test_a_measured_saving_of_one_rule_is_never_given_to_another_rules_finding(t
 def test_a_config_that_sets_fail_on_under_both_spellings_is_an_error(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch):
     # fail-on = "never" with fail_on = "error": one of them was taken, silently, and a CI gate could pass.
-    monkeypatch.chdir(tmp_path)
-    Path("pyproject.toml").write_text('[tool.attntrace]\nfail-on = "never"\nfail_on = "error"\n')
+    _refused_pyproject(tmp_path, monkeypatch, '[tool.attntrace]\nfail-on = "never"\nfail_on = "error"\n',
+                       "'tool.attntrace.fail-on' and 'tool.attntrace.fail_on' are the same setting; keep one")
+
+
+def _refused_pyproject(folder: Path, monkeypatch: pytest.MonkeyPatch, text: str, problem: str) -> None:
+    """lint, run beside a pyproject.toml of `text`, refuses it in one line that ends with `problem`."""
+    monkeypatch.chdir(folder)
+    Path("pyproject.toml").write_text(text)
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive")])
     assert result.exit_code == 2
-    assert result.stderr.splitlines() == [f"error: {tmp_path / 'pyproject.toml'}: 'tool.attntrace.fail-on' and "
-                                          "'tool.attntrace.fail_on' are the same setting; keep one"]
+    assert result.stderr.splitlines() == [f"error: {folder / 'pyproject.toml'}: {problem}"]
 
 
 def test_a_parallel_lint_leaves_the_callers_start_method_and_warning_options_as_it_found_them(tmp_path: Path):
@@ -249,13 +254,9 @@ def test_sarif_artifacts_are_named_by_the_same_uri_as_the_results(tmp_path: Path
 
 def test_a_config_with_two_tables_for_one_rule_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # [rules.AT102] severity = "error" and [rules.materialized-scores] severity = "info": the last one won, silently.
-    monkeypatch.chdir(tmp_path)
-    Path("pyproject.toml").write_text('[tool.attntrace.rules.AT102]\nseverity = "error"\n'
-                                      '[tool.attntrace.rules.materialized-scores]\nseverity = "info"\n')
-    result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive")])
-    assert result.exit_code == 2
-    assert result.stderr.splitlines() == [f"error: {tmp_path / 'pyproject.toml'}: rules.AT102 and "
-                                          "rules.materialized-scores are the same rule (AT102); keep one table"]
+    _refused_pyproject(tmp_path, monkeypatch, '[tool.attntrace.rules.AT102]\nseverity = "error"\n'
+                       '[tool.attntrace.rules.materialized-scores]\nseverity = "info"\n',
+                       "rules.AT102 and rules.materialized-scores are the same rule (AT102); keep one table")
 
 
 def test_a_settings_file_keeps_its_top_level_beside_other_tools_tables(tmp_path: Path):
