@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -433,10 +434,13 @@ def test_the_next_run_removes_what_a_run_killed_with_its_whole_group_left(tmp_pa
     someone_elses = out / f".naive.{dead}.k3j4h5g6.tmp"
     for path in (left, alive, someone_elses):
         path.write_bytes(b"half")
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    just_written = out / f".other.json.attntrace-{dead}.z9y8x7w6.tmp"  # perhaps a writer in another PID namespace
+    just_written.write_bytes(b"half")
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--annotate", str(out),
                                        "--fail-on", "never"])
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, someone_elses.name,
+    assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, someone_elses.name, just_written.name,
                                                             "naive.pt.trace.json.gz"])
     # multiprocessing's folder of a run gone, and one of a run still going.
     tmp = tmp_path / "tmp"

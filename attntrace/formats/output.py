@@ -33,6 +33,7 @@ _unfinished: set[str] = set()
 # folder removes what such writers left (_left_by_the_dead).
 TMP_TAG = "attntrace-"
 LEFT_BEHIND = re.compile(r"^\..*\.attntrace-(\d+)\.[a-z0-9_]{8}\.tmp$")
+STALE_AFTER_S = 60.0
 _swept: set[str] = set()  # folders this process has cleaned already: once each, not once per file
 
 
@@ -45,11 +46,16 @@ def _left_by_the_dead(folder: str) -> None:
         names = os.listdir(folder or ".")
     except OSError:
         return
+    now = time.time()
     for name in names:
         found = LEFT_BEHIND.match(name)
         if found and not running(int(found.group(1))):
+            path = os.path.join(folder, name)
+            # Untouched for a minute too: a writer in another PID namespace (a container sharing the folder) looks
+            # gone from here while it writes.
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(folder, name))
+                if now - os.lstat(path).st_mtime > STALE_AFTER_S:
+                    os.unlink(path)
 
 
 def remove_unfinished() -> None:
