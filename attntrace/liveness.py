@@ -1,19 +1,40 @@
-"""Whether a process still runs, for clean-ups of what a killed run left (its temporary outputs, its
-multiprocessing folder), which only the process that made them may remove while it runs."""
+"""Whether what a run made is still in use, for the clean-up of what a killed run left (its temporary outputs, its
+multiprocessing folder). The run holds an exclusive flock on each such file while it uses it; the kernel lets go
+when the last process holding it ends, however it ends (SIGKILL too), and the lock is seen from another PID
+namespace or host sharing the folder, where a process id means nothing. A clean-up removes only what it can lock.
+Where flock is missing (Windows), nothing is held and nothing is taken for abandoned."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
-def running(pid: int) -> bool:
-    """Whether a process of this number runs (another user's counts: it cannot be signalled, but it is there)."""
+
+def hold(fd: int) -> None:
+    """Mark an open file in use for as long as `fd` (or a process that inherits it) stays open."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def abandoned(path: str) -> bool:
+    """Whether no process holds the file at `path` (hold); False where that cannot be told (no flock, a link, a
+    file that cannot be opened)."""
+    if fcntl is None:
+        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):  # no process has such a number
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its run goes on
         return False
+    finally:
+        os.close(fd)
     return True

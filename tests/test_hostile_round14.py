@@ -415,44 +415,88 @@ def test_an_nsight_systems_report_is_named_with_the_command_that_exports_it(tmp_
                                           f"(.nsys-rep): {export}"]
 
 
-def _dead_pid() -> int:
-    """The number of a process that has ended."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+def _held(path: Path) -> int:
+    """An open file of `path` that holds it, as a run that is writing it does (another run, perhaps in another PID
+    namespace, whose process id would mean nothing here)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
 def test_the_next_run_removes_what_a_run_killed_with_its_whole_group_left(tmp_path: Path):
     # `timeout -s KILL 3 attntrace lint big/ --jobs 2 --annotate DIR` kills every process of the run: nothing could
-    # remove DIR/.g3.json.gz.XXXX.tmp or /tmp/pymp-*, and they stayed for good. Their names now tell their writer,
-    # and the next run removes those whose writer has gone, and nothing else.
-    dead = _dead_pid()
+    # remove DIR/.g3.json.gz.XXXX.tmp or /tmp/pymp-*, and they stayed for good. A run now holds what it writes, and
+    # the next run removes what no one holds, and nothing else.
     out = tmp_path / "out"
     out.mkdir()
-    left = out / f".naive.pt.trace.json.gz.attntrace-{dead}.k3j4h5g6.tmp"
-    alive = out / f".naive.pt.trace.json.gz.attntrace-{os.getpid()}.a1b2c3d4.tmp"
-    someone_elses = out / f".naive.{dead}.k3j4h5g6.tmp"
-    for path in (left, alive, someone_elses):
+    left = out / ".naive.pt.trace.json.gz.attntrace.k3j4h5g6.tmp"
+    writing = out / ".naive.pt.trace.json.gz.attntrace.a1b2c3d4.tmp"
+    someone_elses = out / ".naive.k3j4h5g6.tmp"
+    for path in (left, writing, someone_elses):
         path.write_bytes(b"half")
         os.utime(path, (time.time() - 120, time.time() - 120))
-    just_written = out / f".other.json.attntrace-{dead}.z9y8x7w6.tmp"  # perhaps a writer in another PID namespace
-    just_written.write_bytes(b"half")
+    just_made = out / ".other.json.attntrace.z9y8x7w6.tmp"  # not held yet: made a moment ago
+    just_made.write_bytes(b"half")
+    holders = [_held(writing)]
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", sample("bf16_causal_fwd/naive"), "--annotate", str(out),
                                        "--fail-on", "never"])
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, someone_elses.name, just_written.name,
+    assert sorted(p.name for p in out.iterdir()) == sorted([writing.name, someone_elses.name, just_made.name,
                                                             "naive.pt.trace.json.gz"])
-    # multiprocessing's folder of a run gone, and one of a run still going.
+    # multiprocessing's folder of a run gone, one of a run still going, and one that is not attntrace's.
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     gone, going, unmarked = tmp / "pymp-gone0000", tmp / "pymp-going000", tmp / "pymp-other000"
-    for folder, owner in ((gone, dead), (going, os.getpid()), (unmarked, None)):
+    for folder in (gone, going, unmarked):
         folder.mkdir()
-        if owner is not None:
-            (folder / f"attntrace-owner-{owner}").touch()
+    (gone / "attntrace-owner").touch()
+    holders.append(_held(going / "attntrace-owner"))
     script = ("import sys; from attntrace.read import workers; workers.warm_up(); "  # a long TMPDIR: no server
               "from multiprocessing import util; print(util.get_temp_dir())")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "TMPDIR": str(tmp)})
     assert run.returncode == 0, run.stderr
     assert not gone.exists() and going.exists() and unmarked.exists()
+    for fd in holders:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
+def test_a_forked_child_leaves_its_parents_multiprocessing_folder_alone(tmp_path: Path):
+    # A child forked from a program with its own multiprocessing folder (a Listener's socket) ran api.lint(jobs=2):
+    # it took the inherited folder for its own, and its server removed it when the child ended.
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import multiprocessing as mp, os
+from multiprocessing.connection import Client, Listener
+
+def child():
+    from attntrace import api
+    api.lint([{sample("bf16_causal_fwd/naive")!r}, {sample("bf16_causal_fwd/sdpa")!r}], jobs=2, fail_on="never")
+
+if __name__ == "__main__":
+    mp.set_start_method("fork")
+    listener = Listener()
+    folder = mp.process.current_process()._config["tempdir"]
+    p = mp.Process(target=child)
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+    assert os.path.isdir(folder) and "attntrace-owner" not in os.listdir(folder), os.listdir(folder)
+    Client(listener.address).close()
+    print("kept")
+""")
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="at", dir="/tmp")  # short: a socket's path holds at most 107 bytes
+    try:
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "TMPDIR": tmp})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "kept\n"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from attntrace.liveness import running
+from attntrace.liveness import abandoned, hold
 
 FIFO_WAIT_S = 10.0  # how long an output FIFO may wait for its reader, as an input FIFO waits for its writer
 
@@ -28,11 +28,13 @@ class WouldOverwriteInput(OSError):
 _unfinished: set[str] = set()
 
 
-# A temporary file's name tells its writer: ".NAME.attntrace-PID.XXXXXXXX.tmp". A run killed with SIGKILL (every
-# process of its group: `timeout -s KILL`, the OOM killer) can remove nothing; the next run that writes to the same
-# folder removes what such writers left (_left_by_the_dead).
-TMP_TAG = "attntrace-"
-LEFT_BEHIND = re.compile(r"^\..*\.attntrace-(\d+)\.[a-z0-9_]{8}\.tmp$")
+# A temporary file is named ".NAME.attntrace.XXXXXXXX.tmp" and its writer holds it (liveness.hold) while it writes.
+# A run killed with SIGKILL (every process of its group: `timeout -s KILL`, the OOM killer) can remove nothing; the
+# next run that writes to the same folder removes what no one holds (_left_by_the_dead).
+TMP_TAG = "attntrace"
+LEFT_BEHIND = re.compile(r"^\..*\.attntrace\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
+# Untouched for a minute too: between its creation and its lock, and between its last write and its rename, a file
+# is not held.
 STALE_AFTER_S = 60.0
 _swept: set[str] = set()  # folders this process has cleaned already: once each, not once per file
 
@@ -48,14 +50,12 @@ def _left_by_the_dead(folder: str) -> None:
         return
     now = time.time()
     for name in names:
-        found = LEFT_BEHIND.match(name)
-        if found and not running(int(found.group(1))):
-            path = os.path.join(folder, name)
-            # Untouched for a minute too: a writer in another PID namespace (a container sharing the folder) looks
-            # gone from here while it writes.
-            with contextlib.suppress(OSError):
-                if now - os.lstat(path).st_mtime > STALE_AFTER_S:
-                    os.unlink(path)
+        if not LEFT_BEHIND.match(name):
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if now - os.lstat(path).st_mtime > STALE_AFTER_S and abandoned(path):
+                os.unlink(path)
 
 
 def remove_unfinished() -> None:
@@ -75,6 +75,7 @@ def _created(folder: str, prefix: str) -> tuple[int, str]:
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
         _unfinished.add(tmp)
+        hold(fd)  # while it is written: the next run's clean-up leaves it alone
     finally:
         if before is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
@@ -107,7 +108,7 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     # the same name with a prefix and suffix around it is not.
     stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
     _left_by_the_dead(os.path.dirname(real))
-    fd, tmp = _created(os.path.dirname(real), f".{stem}.{TMP_TAG}{os.getpid()}.")
+    fd, tmp = _created(os.path.dirname(real), f".{stem}.{TMP_TAG}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

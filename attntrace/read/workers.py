@@ -24,7 +24,7 @@ from types import TracebackType
 
 from attntrace import late_signals
 from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
-from attntrace.liveness import running
+from attntrace.liveness import abandoned, hold
 
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
@@ -368,33 +368,46 @@ def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
 
 
 # multiprocessing's folder (/tmp/pymp-*) of a run killed with all its processes (SIGKILL of the group: `timeout -s
-# KILL`, the OOM killer) stays: nothing of the run is left to remove it. Each run's folder holds a file naming its
-# process, and the next run that starts a server removes the folders of processes that are gone.
-FOLDER_OWNER = "attntrace-owner-"
-_marked = False
+# KILL`, the OOM killer) stays: nothing of the run is left to remove it. The folder that attntrace made holds an
+# owner file that its process (and the server and workers it forks) hold while they run (liveness.hold); the next
+# run that starts a server removes the folders whose owner file no one holds.
+FOLDER_OWNER = "attntrace-owner"
+_owner_fd: int | None = None  # kept open for the process's life: the hold ends with it
+_own_folder: dict[int, str | None] = {}  # by process: its multiprocessing folder, where attntrace made it
+
+
+def own_temp_dir() -> str | None:
+    """This process's multiprocessing folder where attntrace made it (its first ask in this process), else None:
+    a folder inherited through fork (a forked child's api.lint(jobs=2) removed its parent's live folder at its
+    end) or made before by the caller's own multiprocessing is not attntrace's to mark or remove."""
+    from multiprocessing import process, util
+
+    pid = os.getpid()
+    if pid not in _own_folder:
+        made_before = getattr(process.current_process(), "_config", {}).get("tempdir")
+        folder = util.get_temp_dir()
+        _own_folder[pid] = None if made_before else folder
+    return _own_folder[pid]
 
 
 def _sweep_and_mark(folder: str) -> None:
-    """Once per process: mark `folder` (this process's multiprocessing folder) as this process's, and remove the
-    folders beside it that a process no longer running marked."""
-    global _marked
-    if _marked:
+    """Once: hold the owner file of `folder` (this process's own multiprocessing folder), and remove the folders
+    beside it whose owner file no one holds."""
+    global _owner_fd
+    if _owner_fd is not None:
         return
-    _marked = True
-    with contextlib.suppress(OSError):
-        Path(folder, f"{FOLDER_OWNER}{os.getpid()}").touch()
-    parent = os.path.dirname(folder)
     try:
-        entries = [e for e in os.scandir(parent) if e.name.startswith("pymp-") and e.path != folder]
+        _owner_fd = os.open(os.path.join(folder, FOLDER_OWNER), os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    hold(_owner_fd)
+    try:
+        entries = [e for e in os.scandir(os.path.dirname(folder)) if e.name.startswith("pymp-") and e.path != folder]
     except OSError:
         return
     for entry in entries:
-        try:
-            owners = [n for n in os.listdir(entry.path) if n.startswith(FOLDER_OWNER)]
-        except OSError:
-            continue
-        pids = [int(n[len(FOLDER_OWNER):]) for n in owners if n[len(FOLDER_OWNER):].isdigit()]
-        if pids and not any(running(pid) for pid in pids):
+        owner = os.path.join(entry.path, FOLDER_OWNER)
+        if not entry.is_symlink() and entry.is_dir(follow_symlinks=False) and abandoned(owner):
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
@@ -409,16 +422,18 @@ def warm_up(threads: int = 1, strict: bool = False) -> None:
     ctx = context()
     if ctx.get_start_method() != "forkserver":
         return
-    from multiprocessing import forkserver, util
+    from multiprocessing import forkserver
 
     server_env = {SPAWNER_ENV: str(os.getpid())}
     try:
-        server_env[SPAWNER_TEMPDIR_ENV] = util.get_temp_dir()  # made now, or by ensure_running below
+        folder = own_temp_dir()  # made now, or by ensure_running below
     except OSError:
         if strict:
             raise
         return
-    _sweep_and_mark(server_env[SPAWNER_TEMPDIR_ENV])
+    if folder is not None:  # the server removes it when this process is killed, and only then
+        server_env[SPAWNER_TEMPDIR_ENV] = folder
+        _sweep_and_mark(folder)
     if POLARS_THREADS_ENV not in os.environ or threads_chosen_here():
         server_env[POLARS_THREADS_ENV] = str(polars_threads(max(1, threads)))
     with interrupts_ignored(), _environment(server_env), _on_start_cores(), start_method_kept():
