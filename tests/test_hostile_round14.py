@@ -389,7 +389,7 @@ def test_a_file_whose_first_bytes_are_no_json_is_refused_without_being_read_whol
         raise AssertionError(f"read all {size} bytes")
 
     monkeypatch.setattr(buffers, "_read_regular", read_whole)
-    data, _ = buffers.load_bytes(str(zeros))
+    data, _, _ = buffers.load_bytes(str(zeros))
     assert len(data) == buffers.HEAD_BYTES
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(zeros)])
     assert result.stderr.splitlines() == [f"error: {zeros}: not a JSON object or list (starts with "
@@ -500,3 +500,33 @@ if __name__ == "__main__":
         shutil.rmtree(tmp, ignore_errors=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "kept\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+@pytest.mark.parametrize("swap", ["fifo", "other trace"])
+def test_annotate_copies_only_the_file_that_was_analysed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str):
+    # --annotate read the input again by its name after the analysis: a FIFO put in its place hung the run for good
+    # (no report), and another trace moved over it was copied under the first one's findings, exit 0.
+    from attntrace import api
+    from attntrace.formats import annotate
+
+    trace = tmp_path / "t.pt.trace.json.gz"
+    trace.write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    added = annotate.events
+
+    def swapped_then_added(*args: Any) -> Any:
+        trace.unlink()
+        if swap == "fifo":
+            os.mkfifo(trace)
+        else:
+            trace.write_bytes(Path(sample("bf16_causal_fwd/sdpa")).read_bytes())
+        return added(*args)
+
+    monkeypatch.setattr(annotate, "events", swapped_then_added)
+    out = tmp_path / "annotated.pt.trace.json.gz"
+    report = api.lint([trace], annotate=out, fail_on="never")
+    (linted,) = report.to_dict()["traces"]
+    assert linted["error"] is None and report.findings  # the trace analysed is reported
+    assert linted["annotate_error"] == ("the input changed after it was read: no copy written (it would not be the "
+                                        "trace analysed)")
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

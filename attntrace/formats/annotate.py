@@ -20,9 +20,10 @@ import polars as pl
 
 from attntrace.formats.output import WouldOverwriteInput, replacing
 from attntrace.model import Trace
+from attntrace.read.buffers import unchanged
 from attntrace.read.encodings import utf16_to_utf8, wide_codec
 from attntrace.read.errors import TraceError
-from attntrace.read.nsys import is_sqlite_file
+from attntrace.read.raw import FileIdentity
 from attntrace.report.flagged import Span, resolve
 
 PROCESS_NAME = "attntrace"
@@ -137,10 +138,11 @@ HEAD_LIMIT = 256 << 20  # the event list must start within this much metadata
 _BOM = b"\xef\xbb\xbf"
 
 
-def _chunks(source: str) -> Iterator[bytes]:
+def _chunks(source: str, read: FileIdentity | None) -> Iterator[bytes]:
     """The file's text as UTF-8, a piece at a time: a UTF-16 or UTF-32 trace (which the reader reads) is re-encoded
-    whole, so the events added are in the same encoding as the rest; any other passes through as it is."""
-    pieces = _raw_chunks(source)
+    whole, so the events added are in the same encoding as the rest; any other passes through as it is. `read`:
+    the file as it was read; TraceError when it is another now."""
+    pieces = _raw_chunks(source, read)
     first = next(pieces, b"")
     if wide_codec(first[:4]) is None:
         yield first
@@ -190,27 +192,40 @@ def _model_chunks(trace: Trace) -> Iterator[bytes]:
     yield b"]}"
 
 
-def _raw_chunks(source: str) -> Iterator[bytes]:
+def _raw_chunks(source: str, read: FileIdentity | None) -> Iterator[bytes]:
     """The file's bytes, gunzipped when gzip (members concatenated, as the reader reads them), a piece at a
-    time: the copy is streamed, so annotating costs no second copy of the trace in memory."""
-    with open(source, "rb") as fh:
+    time: the copy is streamed, so annotating costs no second copy of the trace in memory. The file must be the
+    one read (`read`), before and after."""
+    # Opened without waiting: a FIFO put in its place would wait for a writer for ever.
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as fh:
+        _still(read, fd)
         compressed = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
-        if not compressed:
-            while chunk := fh.read(CHUNK_BYTES):
-                yield chunk
-            return
-        decomp = zlib.decompressobj(wbits=47)
-        while data := fh.read(CHUNK_BYTES):
-            while data:
-                out = decomp.decompress(data, CHUNK_BYTES)
-                if out:
-                    yield out
-                data = decomp.unconsumed_tail
-                if decomp.eof and decomp.unused_data:
-                    data, decomp = decomp.unused_data, zlib.decompressobj(wbits=47)
-        if tail := decomp.flush():
-            yield tail
+        yield from (_gunzipped(fh) if compressed else iter(lambda: fh.read(CHUNK_BYTES), b""))
+        _still(read, fd)
+
+
+def _still(read: FileIdentity | None, fd: int) -> None:
+    """TraceError unless the open file is the one read: one moved over it, or rewritten, since would give a copy
+    of another trace under these findings."""
+    if read is None or not unchanged(read, os.fstat(fd)):
+        raise TraceError("unreadable", "the input changed after it was read: no copy written (it would not be the "
+                         "trace analysed)")
+
+
+def _gunzipped(fh: Any) -> Iterator[bytes]:
+    decomp = zlib.decompressobj(wbits=47)
+    while data := fh.read(CHUNK_BYTES):
+        while data:
+            out = decomp.decompress(data, CHUNK_BYTES)
+            if out:
+                yield out
+            data = decomp.unconsumed_tail
+            if decomp.eof and decomp.unused_data:
+                data, decomp = decomp.unused_data, zlib.decompressobj(wbits=47)
+    if tail := decomp.flush():
+        yield tail
 
 
 def _insertion_point(head: bytes | bytearray) -> int | None:
@@ -261,7 +276,9 @@ def write(source: str, target: str, trace: Trace, findings: list[dict[str, Any]]
         with replacing(target, [source]) as raw, (
                 gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw
         ) as out:
-            chunks = _model_chunks(trace) if is_sqlite_file(source) else _chunks(source)
+            # The file is read again, and must be the one analysed: one moved over it or made a FIFO since (a copy
+            # of another trace under these findings; a wait for ever) is refused.
+            chunks = _model_chunks(trace) if trace.meta.profiler == "nsys" else _chunks(source, trace.meta.file)
             for piece in insert(chunks, added):
                 out.write(piece)
     except WouldOverwriteInput as exc:

@@ -224,6 +224,7 @@ def build(raw: RawTrace) -> Trace:
         incomplete=raw.incomplete,
         measured=measured,
         profiler=raw.profiler,
+        file=raw.file,
     )
     return Trace(path=raw.path, size=raw.size, meta=meta, ops=tables.ops, launches=tables.launches, gpu=gpu,
                  gpu_annotations=tables.gpu_annotations, flows=tables.flows, op_args=tables.op_args,

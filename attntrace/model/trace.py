@@ -19,6 +19,7 @@ from attntrace.model.steps import STEP_NAME, Steps, assign, find_steps
 from attntrace.model.whatif import WallSaving, sample_steps, wall_savings
 from attntrace.read.decoding import decode_raw
 from attntrace.read.events import Args
+from attntrace.read.raw import FileIdentity
 
 if TYPE_CHECKING:
     from attntrace.model.tables import OpInputs
@@ -47,6 +48,7 @@ class TraceMeta:
     incomplete: bool = False
     measured: Measured | None = None  # the steps timed without the profiler in the capturing run (model/measured.py)
     profiler: str = "torch.profiler"  # the tool that recorded the trace: "nsys" for an Nsight Systems export
+    file: FileIdentity | None = None  # the regular file read, as it was then: what reads it again checks it is
 
     def device(self, index: int | None) -> dict[str, Any]:
         """Properties of a GPU by index; the first one when the index is unknown."""

@@ -27,7 +27,7 @@ def read(path: str, options: ReadOptions | None = None) -> RawTrace:
     options = options or ReadOptions()
     if is_sqlite_file(path):  # an Nsight Systems export, opened where it is (read-only), not read into memory
         return read_export(path)
-    data, cut = load_bytes(path, options.max_bytes, options.salvage)
+    data, cut, identity = load_bytes(path, options.max_bytes, options.salvage)
     if is_sqlite(data):  # one from stdin or a URL
         return read_export(path, data)
     check_memory(len(data))
@@ -36,11 +36,12 @@ def read(path: str, options: ReadOptions | None = None) -> RawTrace:
         if raw.pieces is not None and raw.pieces.data is data and not raw.rewritten:
             raw.pieces.source = file_identity(path, data)
         let_go(data, 0, len(data))  # what the checks over the whole file read in: pieces are read again as decoded
-        return raw
-    try:
-        raw = decode(path, data, salvage=False)
-    except TraceError:
-        return salvaged(path, data)
-    raw.incomplete = True
-    raw.notes.append("incomplete trace: the gzip stream was cut off")
+    else:
+        try:
+            raw = decode(path, data, salvage=False)
+            raw.incomplete = True
+            raw.notes.append("incomplete trace: the gzip stream was cut off")
+        except TraceError:
+            raw = salvaged(path, data)
+    raw.file = identity
     return raw

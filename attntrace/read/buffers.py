@@ -26,16 +26,19 @@ HEAD_BYTES = 4096  # what a regular file's first read sniffs: JSON, gzip, anothe
 FIFO_WAIT_S = 10.0  # how long a named FIFO may wait for its writer before it is refused
 
 
-def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> tuple[Buffer, bool]:
+def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False
+               ) -> tuple[Buffer, bool, FileIdentity | None]:
     """The file's bytes (private and mutable: a copy), gunzipped when they
-    are gzip, refusing more than max_bytes decompressed, and whether the gzip stream was cut off (only returned,
-    not refused, with salvage).
+    are gzip, refusing more than max_bytes decompressed, whether the gzip stream was cut off (only returned,
+    not refused, with salvage), and the regular file they were read from as it was then (None for a stream or a
+    URL): what reads the file again later (--annotate's copy) checks that it is still that file.
 
     A regular file's size is checked before it is read; a stream (stdin, a pipe, a FIFO, process
     substitution) is read to its end and refused as soon as it passes the limit. A URL is read through
     attntrace.read.sources with the same limit."""
     from attntrace.read import sources
 
+    identity = None
     try:
         if path == "-":
             if sys.stdin is None:  # started with stdin closed (<&-)
@@ -67,6 +70,7 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
                     if may_be_a_trace(head) or wide_codec(head[:4]) is not None:
                         data = _read_regular(fh, info.st_size)
                         _unchanged_since(info, os.fstat(fh.fileno()))
+                        identity = _identity(path, info)
                     else:  # what it is, or that it is no JSON, shows in its first bytes: the rest is not read
                         data = bytearray(head)  # (a 4 GiB file of zeros took 20 s and 4.25 GB to be refused)
                 else:
@@ -80,10 +84,10 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
     if other is not None:
         raise other
     if data[:2] == b"\x1f\x8b":
-        return gunzip(data, max_bytes, salvage, name)
+        return (*gunzip(data, max_bytes, salvage, name), identity)
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
-    return data, False
+    return data, False, identity
 
 
 SIDE_FILE_MAX_BYTES = 256 << 20  # a settings, baseline or results file: far more than any of them holds
@@ -163,6 +167,11 @@ def reread(source: FileIdentity) -> bytearray:
     if len(data) != source.size:
         raise TraceError("unreadable", "the file changed while it was read")
     return data
+
+
+def unchanged(source: FileIdentity, info: os.stat_result) -> bool:
+    """Whether an open file (its fstat) is `source` as it was read."""
+    return stat.S_ISREG(info.st_mode) and _identity(source.path, info) == source
 
 
 def _identity(path: str, info: os.stat_result) -> FileIdentity:

@@ -50,6 +50,7 @@ class RawTrace:
     # gpu_annotations, python (polars frames of the columns model/tables.py takes from events) and op_args.
     frames: dict[str, Any] | None = field(default=None, repr=False)
     profiler: str = "torch.profiler"  # the tool that recorded it: "nsys" for an Nsight Systems export
+    file: FileIdentity | None = None  # the regular file read, as it was then (buffers.load_bytes)
 
     def take_pieces(self) -> Pieces | None:
         """The pieces, for a caller that decodes them itself (in other processes); the events are then not
