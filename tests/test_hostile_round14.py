@@ -530,3 +530,30 @@ def test_annotate_copies_only_the_file_that_was_analysed(tmp_path: Path, monkeyp
     assert linted["annotate_error"] == ("the input changed after it was read: no copy written (it would not be the "
                                         "trace analysed)")
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_settings_may_name_a_rule_either_way_over_a_files_table(tmp_path: Path):
+    # The check for two tables of one rule ran over the file's tables and the API's settings merged: naming AT102
+    # by id in one and by name in the other was refused, and blamed on the file.
+    from attntrace import api
+
+    config = tmp_path / "one.toml"
+    config.write_text("[rules.AT102]\nmin_seq = 64\n")
+    trace = sample("bf16_causal_fwd/naive")
+    for settings in ({"AT102.min_seq": 64, "materialized-scores.min_saving_share": 0.5},
+                     {"AT102.min_seq": 64, "at102.min_saving_share": 0.5}):
+        assert api.lint(trace, settings=settings, fail_on="never").traces[0].ok
+    chosen = api.build_settings(settings={"materialized-scores.min_seq": 100}, config=config)
+    assert chosen.params["AT102"]["min_seq"] == 100  # the API's settings over the file's
+
+
+def test_a_copy_of_a_pyproject_under_another_name_is_read_as_one(tmp_path: Path):
+    # --config ci.toml holding [project] and [tool.attntrace] was "settings both at the top level and in
+    # [tool.attntrace]"; one without [tool.attntrace] was "unknown key 'project'".
+    trace = sample("bf16_causal_fwd/naive")
+    config = tmp_path / "ci.toml"
+    config.write_text('[project]\nname = "mine"\n[tool.attntrace]\nfail-on = "never"\n')
+    assert CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--config", str(config)]).exit_code == 0
+    config.write_text('[project]\nname = "mine"\n[tool.ruff]\nline-length = 100\n')
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--config", str(config)])
+    assert result.exit_code == 1 and result.stderr == ""  # no settings of ours: the defaults, warnings fail

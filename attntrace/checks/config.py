@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attntrace.checks.catalog import SEVERITIES, Rule, resolve
+from attntrace.checks.catalog import SEVERITIES, Rule, load_rules, resolve
 from attntrace.model.replay import COST_NAMES
 from attntrace.read.buffers import read_small_file
 
@@ -96,18 +96,26 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(tool, dict):
         raise ConfigError(f"{path}: 'tool' must be a table, not {_kind(tool)}")
     if path.name == "pyproject.toml" or "attntrace" in tool:
-        if path.name != "pyproject.toml" and set(data) - {"tool"}:
+        if path.name != "pyproject.toml" and set(data) & set(KEYS):
             # Both places hold settings: which one was meant is a guess.
             raise ConfigError(f"{path}: settings both at the top level and in [tool.attntrace]; keep one place")
         data = tool.get("attntrace", {})
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: 'tool.attntrace' must be a table, not {_kind(data)}")
         prefix = "tool.attntrace."
-    else:  # a settings file of its own: its top level, beside other tools' tables (which were its undoing)
-        data = {key: value for key, value in data.items() if key != "tool"}
+    else:  # a settings file of its own: its top level, beside other tools' and a pyproject's tables
+        data = {key: value for key, value in data.items() if key not in PYPROJECT_TABLES}
         prefix = ""
     validate(data, str(path), prefix)
+    try:
+        _one_table_per_rule(data.get("rules") or {}, load_rules())
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return data
+
+
+# A pyproject.toml's own tables, which a copy of one under another name (--config ci.toml) holds beside ours.
+PYPROJECT_TABLES = ("tool", "project", "build-system", "dependency-groups")
 
 
 KEYS = ("select", "ignore", "fail-on", "fail_on", "rules", "profiler_cost", "min_saving_share")
@@ -193,7 +201,6 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
             except ValueError as exc:
                 raise ConfigError(f"{option}: {exc}") from exc
     try:
-        _one_table_per_rule(file_config.get("rules") or {}, rules)
         chosen = select or _as_list(file_config.get("select")) or ["ALL"]
         dropped = ignore or _as_list(file_config.get("ignore"))
         enabled = {rid for token in chosen for rid in selected(token, rules)}
@@ -234,8 +241,8 @@ def build(rules: dict[str, Rule], file_config: dict[str, Any], source: str, sele
 
 
 def _one_table_per_rule(tables: dict[str, Any], rules: dict[str, Rule]) -> None:
-    """Two tables for one rule ([rules.AT102] and [rules.materialized-scores]): the last one's severity was taken,
-    silently."""
+    """Two tables for one rule in one file ([rules.AT102] and [rules.materialized-scores]): the last one's severity
+    was taken, silently. (The API's settings may name a rule either way: they are merged over the file's.)"""
     seen: dict[str, str] = {}
     for given in tables:
         rid = _one(given, rules)
