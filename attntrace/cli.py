@@ -675,15 +675,19 @@ def lint(paths: tuple[str, ...], fmt: str, output: str | None, annotate_to: str 
     # Everything the run read, none of which an output may replace: the traces, the config and the baseline.
     read = _with_files_behind([*paths, *(t["path"] for t in report.data["traces"]), *side_files], paths)
     unread = sum(bool(t["error"]) for t in report.data["traces"])
-    if write_baseline and unread:
-        # A baseline without an input's findings would call each of them new on the next run: none is written.
-        _error(f"--write-baseline {_shown(write_baseline)}: not written, {unread} input(s) could not be read (fix or "
-               "leave them out, then write it again)")
+    cut = sum(bool(t.get("incomplete")) for t in report.data["traces"])
+    if write_baseline and (unread or cut):
+        # A baseline without an input's findings, or a cut-off trace's last ones, would call each of them new on the
+        # next run: none is written.
+        why = ", ".join(w for w in (f"{unread} input(s) could not be read" if unread else "",
+                                    f"{cut} input(s) are incomplete (cut off)" if cut else "") if w)
+        _error(f"--write-baseline {_shown(write_baseline)}: not written, {why} (fix or leave them out, then write "
+               "it again)")
     elif write_baseline:
         _emit(report.baseline(), write_baseline, read)
     colour = fmt == "text" and output in (None, "-") and sys.stdout is not None and sys.stdout.isatty()
     _emit(report.render(fmt, colour), output, read)
-    sys.exit(report.exit_code())
+    sys.exit(EXIT_ERROR if write_baseline and (unread or cut) else report.exit_code())
 
 
 RULE_GROUPS = {"AT1xx": "-- memory traffic", "AT2xx": "-- precision and backends",

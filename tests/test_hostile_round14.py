@@ -557,3 +557,41 @@ def test_a_copy_of_a_pyproject_under_another_name_is_read_as_one(tmp_path: Path)
     config.write_text('[project]\nname = "mine"\n[tool.ruff]\nline-length = 100\n')
     result = CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--config", str(config)])
     assert result.exit_code == 1 and result.stderr == ""  # no settings of ours: the defaults, warnings fail
+
+
+def test_diff_calls_nothing_new_against_a_cut_off_base(tmp_path: Path):
+    # A cut-off base's missing steps may have held the new trace's findings: they were listed as new.
+    whole, cut = _cut(tmp_path)
+    result = CliRunner().invoke(main, ["diff", str(cut), str(whole), "--salvage", "--format", "json"])
+    (pair,) = orjson.loads(result.stdout)["comparisons"]
+    assert pair["findings"]["new"] == []
+    assert [(f["rule"], f["side"]) for f in pair["findings"]["not_judged"]] == [("AT101", "base")]
+    text = CliRunner().invoke(main, ["diff", str(cut), str(whole), "--salvage"]).stdout
+    assert "not judged in the base trace (the base trace is incomplete (cut off)" in text
+
+
+def test_no_baseline_is_written_from_a_cut_off_trace(tmp_path: Path):
+    # Its missing steps' findings would all be new on the next run.
+    _, cut = _cut(tmp_path)
+    baseline = tmp_path / "baseline.json"
+    result = CliRunner().invoke(main, ["lint", "--jobs", "1", str(cut), "--salvage", "--write-baseline",
+                                       str(baseline), "--fail-on", "never"])
+    assert result.exit_code == 2 and not baseline.exists() and "AT102" in result.stdout  # the report is still given
+    assert (f"error: --write-baseline {baseline}: not written, 1 input(s) are incomplete (cut off) (fix or leave "
+            "them out, then write it again)") in result.stderr.splitlines()
+
+
+@pytest.mark.parametrize(("share", "applied"), [(0.95, True), (1.01, False)])
+def test_a_measured_saving_is_held_against_the_findings_own_step(tmp_path: Path, share: float, applied: bool):
+    trace = sample("bf16_causal_fwd/naive")
+    measured = _measured(trace, tmp_path)
+    (fingerprint,) = measured["findings"]
+    step_us = next(f for f in orjson.loads(CliRunner().invoke(main, ["lint", "--jobs", "1", trace, "--format", "json",
+                                                                     "--fail-on", "never"]).stdout)["findings"]
+                   if f["fingerprint"] == fingerprint)["impact"]["step_us"]
+    measured["findings"][fingerprint]["saved_us_per_step"] = share * step_us
+    run_json = tmp_path / "run.json"
+    run_json.write_bytes(orjson.dumps(measured))
+    finding = next(f for f in orjson.loads(_lint_measured(trace, run_json).stdout)["findings"]
+                   if f["fingerprint"] == fingerprint)
+    assert (finding["impact"].get("basis") == "measured") is applied

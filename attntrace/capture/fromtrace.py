@@ -318,7 +318,10 @@ def apply_measured(report: dict[str, Any], measured: dict[str, Any], source: str
         hit = entries[key]
         impact = finding["impact"]
         old_us, old_share = impact["gpu_us_per_step"], impact["share_of_step"]
-        step_us = old_us / old_share if old_us and old_share else _step_us(report, finding["trace"])
+        # The step the share is of, as the finding holds it (a step rebuilt from the rounded share was off by up
+        # to 2x on small findings).
+        step_us = impact.get("step_us") or (old_us / old_share if old_us and old_share else
+                                            _step_us(report, finding["trace"]))
         saved = float(hit["saved_us_per_step"])
         if step_us and saved > step_us:  # 8.6e10 us on a 2.3 ms step was applied: "3773560065.8% of step"
             too_large.append(key)

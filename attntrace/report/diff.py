@@ -269,6 +269,10 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         skipped_new.update(dict.fromkeys((f["rule"] for f in br.findings),
                                          "the new trace is incomplete (cut off): its last steps are missing"))
     gone = [before[k] for k in sorted(set(before) - set(after))]
+    appeared = [after[k] for k in sorted(set(after) - set(before))]
+    # A cut-off base may have held a finding of the new trace in its missing steps: not known to be new.
+    unknown_in_base = "the base trace is incomplete (cut off): its last steps are missing" if bt.meta.incomplete \
+        else None
     return {
         "base": base, "new": new, "errors": [],
         "steps": {"base": bs.height, "new": ns.height},
@@ -280,10 +284,13 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         "kernel_classes": {"base": _classes(bt, bs.height), "new": _classes(nt, ns.height)},
         "roofline": {"base": _roofline_brief(br), "new": _roofline_brief(nr)},
         "findings": {
-            "new": [_brief(after[k]) for k in sorted(set(after) - set(before))],
+            "new": [_brief(f) for f in appeared] if unknown_in_base is None else [],
             "fixed": [_brief(f) for f in gone if f["rule"] not in skipped_new],
             "changed": changed,
-            "not_judged": [{**_brief(f), "reason": skipped_new[f["rule"]]} for f in gone if f["rule"] in skipped_new],
+            "not_judged": [{**_brief(f), "reason": skipped_new[f["rule"]], "side": "new"} for f in gone
+                           if f["rule"] in skipped_new]
+            + ([{**_brief(f), "reason": unknown_in_base, "side": "base"} for f in appeared] if unknown_in_base
+               else []),
         },
         "outside_noise": outside_noise,
         "regression": regression,
@@ -406,7 +413,7 @@ def render(result: dict[str, Any]) -> str:
             out += [f"  {label}: {f['rule']} {f['message']}" for f in c["findings"][label]]
         out += [f"  changed: {f['rule']} {f['base_gpu_us_per_step']:.1f} -> {f['new_gpu_us_per_step']:.1f} us/step"
                 for f in c["findings"]["changed"]]
-        out += [f"  not judged in the new trace ({f['reason']}): {f['rule']} {f['message']}"
+        out += [f"  not judged in the {f.get('side', 'new')} trace ({f['reason']}): {f['rule']} {f['message']}"
                 for f in c["findings"]["not_judged"]]
         step = c["step"]
         pct = "" if step["change_pct"] is None else f" ({step['change_pct']:+.1f}%)"
