@@ -283,7 +283,8 @@ def build_settings(select: str | Iterable[str] | None = None, ignore: str | Iter
 def _tokens(value: str | Iterable[str] | None) -> list[str]:
     if value is None:
         return []
-    if isinstance(value, bytes) or not isinstance(value, str | Iterable):  # b"AT1" was read as numbers: "not 65"
+    # b"AT1" was read as numbers ("not 65"); a mapping as its keys.
+    if isinstance(value, bytes | Mapping) or not isinstance(value, str | Iterable):
         raise TypeError(f"rules are selected by text or a list of texts, not {type(value).__name__}")
     items = value.split(",") if isinstance(value, str) else list(value)
     odd = next((v for v in items if not isinstance(v, str)), None)
@@ -393,8 +394,11 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     names = _paths(paths)
     if not names:  # as the command line, which needs a path: a CI script's empty glob passed with nothing linted
         raise ValueError("no paths given: name trace files, directories, patterns or URLs")
-    # Bytes paths as `paths` takes them (b'bl.json' was read as the text "b'bl.json'").
+    # Bytes paths as `paths` takes them (b'bl.json' was read as the text "b'bl.json'"); an empty one names no file.
     baseline, measured = (_path(p) if p is not None else None for p in (baseline, measured))
+    for option, given in (("baseline", baseline), ("measured", measured), ("annotate", annotate)):
+        if given is not None and not os.fspath(given):
+            raise ValueError(f"{option}: an empty path (give a file name)")
     known = _read_baseline(baseline) if baseline is not None else None
     measured_run = _read_measured(measured) if measured is not None else None
     targets = None
@@ -531,9 +535,10 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.report.engine import summarize_trace
 
     name = _path(path)
-    if speedup is not None and not isinstance(speedup, Mapping):  # a str was iterated: "class 2, =, e, g, m"
-        raise TypeError(f"speedup must be a mapping of kernel class to factor ({{'gemm': 4}}), not "
-                        f"{type(speedup).__name__}")
+    # A str was iterated ("class 2, =, e, g, m"), a number key joined as text.
+    if speedup is not None and (not isinstance(speedup, Mapping) or not all(isinstance(k, str) for k in speedup)):
+        raise TypeError(f"speedup must be a mapping of kernel class name to factor ({{'gemm': 4}}), not "
+                        f"{speedup!r:.60}")
     # A mapping of rule parameters, as lint takes, not only Settings built already (a dict was "internal error
     # (AttributeError ...); please report it", blamed on the trace).
     settings = settings if isinstance(settings, Settings) else build_settings(settings=settings, config=config)

@@ -34,7 +34,7 @@ def _lint_measured(trace: str, run_json: Path) -> Any:
                                      "--fail-on", "never", "--jobs", "1"])
 
 
-@pytest.mark.parametrize("version", [99, 0, "1", True, None])
+@pytest.mark.parametrize("version", [99, 0, "1", True, None, 1.0])
 def test_a_measured_file_of_another_schema_version_is_refused(tmp_path: Path, version: object):
     # schema_version 99 was read as if it were 1: a later layout may mean something else by the same fields.
     trace = sample("bf16_causal_fwd/naive")
@@ -217,6 +217,9 @@ def test_whatif_and_a_baseline_say_a_cut_off_trace_is_incomplete(tmp_path: Path)
     report = orjson.loads(result.stdout)
     assert report["baseline"]["fixed"] == []
     assert [e["rule"] for e in report["baseline"]["not_judged"]] == ["AT101"]
+    markdown = CliRunner().invoke(main, ["lint", "--jobs", "1", str(named), "--salvage", "--baseline", str(baseline),
+                                         "--format", "markdown", "--fail-on", "never"]).stdout
+    assert "Not judged (the trace is incomplete): 1\n- AT101 in " in markdown
 
 
 def test_diff_gives_no_verdict_between_two_profilers(tmp_path: Path):
@@ -412,7 +415,7 @@ def test_an_nsight_systems_report_is_named_with_the_command_that_exports_it(tmp_
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [f"error: {tmp_path}: no trace files (*.json, *.json.gz) or Nsight Systems "
                                           "exports (*.sqlite) in this directory; it holds 1 Nsight Systems report(s) "
-                                          f"(.nsys-rep): {export}"]
+                                          f"(.nsys-rep, .qdrep): {export}"]
 
 
 def _held(path: Path) -> int:
@@ -595,3 +598,21 @@ def test_a_measured_saving_is_held_against_the_findings_own_step(tmp_path: Path,
     finding = next(f for f in orjson.loads(_lint_measured(trace, run_json).stdout)["findings"]
                    if f["fingerprint"] == fingerprint)
     assert (finding["impact"].get("basis") == "measured") is applied
+
+
+def test_the_api_names_what_is_wrong_with_an_argument_in_few_words(tmp_path: Path):
+    # A 400-digit expected_speedup was printed whole in its error, and one of 5,000 digits gave Python's own message
+    # about int conversion; baseline="" was ": cannot read"; speedup={1: 2} was "sequence item 0: expected str".
+    from attntrace import api
+
+    trace = sample("bf16_causal_fwd/naive")
+    for digits in (400, 5000):
+        with pytest.raises(ValueError, match=rf"an integer of about {digits + 1} digits is not a number$"):
+            api.lint(trace, settings={"AT202.expected_speedup": 10**digits})
+    for option in ("baseline", "measured", "annotate"):
+        with pytest.raises(ValueError, match=f"^{option}: an empty path"):
+            api.lint(trace, **{option: ""})
+    with pytest.raises(TypeError, match="speedup must be a mapping of kernel class name"):
+        api.whatif(trace, speedup={1: 2})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="not dict"):
+        api.lint(trace, select={"AT1": 1})  # type: ignore[arg-type]

@@ -280,7 +280,7 @@ def read_measured(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != MEASURED_KIND or not isinstance(doc.get("findings"), dict):
         raise MeasuredError(f"{path}: not the run.json of `attntrace run --from-trace`")
     version = doc.get("schema_version")
-    if version != PLAN_SCHEMA or isinstance(version, bool):
+    if type(version) is not int or version != PLAN_SCHEMA:  # not True, not 1.0
         # A later layout may mean something else by the same fields: refuse it rather than guess.
         raise MeasuredError(f"{path}: schema_version {version!r} is not {PLAN_SCHEMA}, the only one this attntrace "
                             "reads (run `attntrace run --from-trace` again with this version)")

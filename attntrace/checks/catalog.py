@@ -72,14 +72,23 @@ class Rule:
         except (TypeError, ValueError, OverflowError) as exc:
             kind = "a size such as 512K or 1M" if spec.unit == "bytes" else (
                 "a whole number" if isinstance(default, int) else "a number")
-            raise ValueError(f"{self.id}.{param}: {value!r} is not {kind}") from exc
+            raise ValueError(f"{self.id}.{param}: {_given(value)} is not {kind}") from exc
         allowed = _outside(spec.unit, number)
         if allowed:
             what = {"x": "a ratio", "x speed-up": "a speed-up"}.get(spec.unit, spec.unit)
             hint = (f"; for {number:g} percent write \"{number:g}%\" or {number / 100:g}"
                     if spec.unit.startswith("fraction") and 1 < number <= 100 else "")
-            raise ValueError(f"{self.id}.{param}: {value!r} is out of range ({what}: {allowed}){hint}")
+            raise ValueError(f"{self.id}.{param}: {_given(value)} is out of range ({what}: {allowed}){hint}")
         return type(default)(number)
+
+
+def _given(value: Any) -> str:
+    """A value as an error message shows it: a 400-digit integer was printed whole, and one past 4,300 digits
+    replaced the message with Python's own about int conversion."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of about {value.bit_length() * 30103 // 100000 + 1} digits"
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -58,6 +58,9 @@ def render(report: dict[str, Any]) -> str:
     if baseline and baseline["fixed"]:
         tail += ["", f"Fixed since the baseline: {len(baseline['fixed'])}"]
         tail += [f"- {e['rule']} in {_code(e['trace'])}: {_cell(e['message'])}" for e in baseline["fixed"]]
+    if baseline and baseline.get("not_judged"):
+        tail += ["", f"Not judged (the trace is incomplete): {len(baseline['not_judged'])}"]
+        tail += [f"- {e['rule']} in {_code(e['trace'])}: {_cell(e['message'])}" for e in baseline["not_judged"]]
     header = "| | rule | finding | saves/step | fix |\n|---|---|---|---|---|"
     rows_md = [_row(f, name.get(f["trace"], f["trace"])) for f in report["findings"]]
     budget = COMMENT_LIMIT - len("\n".join(out)) - len("\n".join(tail)) - 600  # room for the notes below

@@ -182,7 +182,7 @@ def _reports_hint(root: Path) -> str:
         return ""
     if not reports:
         return ""
-    return f"; it holds {len(reports)} Nsight Systems report(s) (.nsys-rep): {nsys_export_command(reports[0])}"
+    return f"; it holds {len(reports)} Nsight Systems report(s) (.nsys-rep, .qdrep): {nsys_export_command(reports[0])}"
 
 
 def _walk_traces(root: Path) -> tuple[list[str], list[TraceError]]:
