@@ -616,3 +616,25 @@ def test_the_api_names_what_is_wrong_with_an_argument_in_few_words(tmp_path: Pat
         api.whatif(trace, speedup={1: 2})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="not dict"):
         api.lint(trace, select={"AT1": 1})  # type: ignore[arg-type]
+
+
+def test_a_url_scheme_in_capitals_is_read_as_in_lower_case(tmp_path: Path):
+    # HTTP://host/x and S3://bucket/x were "not a protocol fsspec knows": a scheme is case-insensitive (RFC 3986).
+    pytest.importorskip("fsspec")
+    pytest.importorskip("aiohttp")
+    import http.server
+    import threading
+
+    (tmp_path / "t.pt.trace.json.gz").write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    handler = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"HTTP://127.0.0.1:{server.server_address[1]}/t.pt.trace.json.gz"
+        run = subprocess.run([sys.executable, "-m", "attntrace", "lint", url, "--format", "json", "--fail-on",
+                              "never"], capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.returncode == 0, run.stderr
+    assert orjson.loads(run.stdout)["traces"][0]["path"] == url

@@ -75,6 +75,7 @@ def scrub(message: str, url: str = "") -> str:
 
 def _filesystem(url: str) -> tuple[Any, str]:
     protocol = url.split("://", 1)[0].lower()
+    url = protocol + url[len(protocol):]  # schemes are case-insensitive (RFC 3986); fsspec knows them in lower case
     extra = EXTRA_OF.get(protocol)
     try:
         import fsspec
