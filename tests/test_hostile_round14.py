@@ -638,3 +638,47 @@ def test_a_url_scheme_in_capitals_is_read_as_in_lower_case(tmp_path: Path):
         server.server_close()
     assert run.returncode == 0, run.stderr
     assert orjson.loads(run.stdout)["traces"][0]["path"] == url
+
+
+def _first_error(path: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["lint", str(path), *args, "--fail-on", "never", "--jobs", "1"])
+    return result.exit_code, result.stderr.splitlines()[0]
+
+
+def test_legacy_lzma_is_named_with_the_command_that_unpacks_it(tmp_path: Path):
+    # An .lzma file (xz's older format, which has no magic) was "not a JSON object or list (starts with b']...')".
+    import lzma
+
+    path = tmp_path / "t.json.lzma"
+    path.write_bytes(lzma.compress(_plain_json(), format=lzma.FORMAT_ALONE))
+    code, line = _first_error(path)
+    assert code == 2
+    assert line == (f"error: {path}: LZMA-compressed data (.lzma), not a trace (attntrace reads JSON and gzip): "
+                    f"xz --format=lzma -dc {path} > t.json")
+
+
+def _plain_json() -> bytes:
+    import gzip
+
+    return gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+
+
+def test_one_byte_of_a_gzip_stream_is_a_cut_off_gzip_stream(tmp_path: Path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(Path(sample("bf16_causal_fwd/naive")).read_bytes()[:1])
+    assert _first_error(path) == (2, f"error: {path}: gzip stream is cut off (--salvage analyses the complete events)")
+
+
+def test_a_socket_is_named_as_one(tmp_path: Path):
+    # Its open fails with ENXIO: "No such device or address" named neither the socket nor what to give instead.
+    import socket
+
+    path = tmp_path / "t.pt.trace.json"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        result = CliRunner().invoke(main, ["lint", str(path), sample("bf16_causal_fwd/naive"), "--format", "json",
+                                           "--fail-on", "never", "--jobs", "1"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {path}: a socket, not a file (a trace is a file, a pipe, or '-' "
+                                          "for stdin)"]
+    assert [t["error"] is None for t in orjson.loads(result.stdout)["traces"]] == [False, True]

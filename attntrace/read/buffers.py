@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attntrace.read import workers
-from attntrace.read.encodings import gunzip, may_be_a_trace, other_format, wide_codec
+from attntrace.read.encodings import GZIP_MAGIC, gunzip, may_be_a_trace, other_format, wide_codec
 from attntrace.read.errors import TraceError
 from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer, FileIdentity
 
@@ -78,16 +78,25 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
     except IsADirectoryError as exc:
         raise TraceError("unreadable", "is a directory") from exc
     except OSError as exc:
-        raise TraceError("unreadable", exc.strerror or str(exc)) from exc
+        raise TraceError("unreadable", _what_it_is(path) or exc.strerror or str(exc)) from exc
     name = "FILE" if path == "-" or sources.is_url(path) else path  # what an extracting command names
     other = other_format(bytes(data[:512]), name)
     if other is not None:
         raise other
-    if data[:2] == b"\x1f\x8b":
+    if data[:2] == GZIP_MAGIC or data == GZIP_MAGIC[:1]:  # one byte of gzip's magic: a gzip stream cut at once
         return (*gunzip(data, max_bytes, salvage, name), identity)
     if len(data) > max_bytes:
         raise TraceError("too-large", f"{len(data)} bytes is over the limit of {max_bytes} bytes (--max-size)")
     return data, False, identity
+
+
+def _what_it_is(path: str) -> str | None:
+    """What a path that could not be opened as a file is, where that says more than the error: a socket's open
+    fails with ENXIO, "No such device or address", which names neither."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            return "a socket, not a file (a trace is a file, a pipe, or '-' for stdin)"
+    return None
 
 
 SIDE_FILE_MAX_BYTES = 256 << 20  # a settings, baseline or results file: far more than any of them holds

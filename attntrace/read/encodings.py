@@ -39,6 +39,9 @@ _OTHER_FORMATS: tuple[tuple[bytes, str, str], ...] = (
     (b"PK\x05\x06", "an empty zip archive", "unzip -l {file}"),
     (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "7z x {file} -o{stem}, then lint {stem}"),
     (b"\x04\x22\x4d\x18", "lz4-compressed data", "lz4 -dc {file} > {out}"),
+    # LZMA's older format (.lzma, lzma_alone) has no magic: its usual properties byte (lc=3, lp=0, pb=2) and a
+    # dictionary size under 16 MiB begin it, and no JSON text begins with "]".
+    (b"\x5d\x00\x00", "LZMA-compressed data (.lzma)", "xz --format=lzma -dc {file} > {out}"),
 )
 GZIP_MAGIC = b"\x1f\x8b"
 # A compressed tar, told by its name (its first bytes are the compression's, and a bz2 block is read whole before
@@ -46,7 +49,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 _COMPRESSED_TARS: dict[bytes, tuple[str, str]] = {
     b"BZh": ("bzip2", "-xjf"), b"\x28\xb5\x2f\xfd": ("zstd", "--zstd -xf"), b"\xfd7zXZ\x00": ("xz", "-xJf")}
 _TAR_NAME = re.compile(r"\.(tar\.(bz2|zst|zstd|xz)|tbz2?|tzst|txz)$", re.IGNORECASE)
-_ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|tbz|tbz2|txz|tzst|bz2|zst|zstd|xz|zip|7z|tar))+$", re.IGNORECASE)
+_ARCHIVE_SUFFIXES = re.compile(r"(\.(json|gz|tgz|tbz|tbz2|txz|tzst|bz2|zst|zstd|xz|lzma|lz4|zip|7z|tar))+$",
+                               re.IGNORECASE)
 
 
 def _new_file_name(bare: str, base: str) -> str:
