@@ -170,3 +170,21 @@ def test_a_rule_has_one_colour_on_every_trace_and_none_is_a_kernel_classs():
     assert colours and all(len(c) == 1 for c in colours.values())
     page = report.to_html()
     assert "tensor-core share of GEMM time</td><td>100%" in page  # a share as a percentage, not 1.0
+
+
+def test_lint_page_says_what_the_baseline_says(tmp_path: Path):
+    # The page had no word of a baseline: neither which findings were new nor what had been fixed.
+    naive, math = sample("bf16_causal_fwd/naive"), sample("bf16_causal_fwd/sdpa_math")
+    baseline = tmp_path / "baseline.json"
+    runner = CliRunner()
+    assert runner.invoke(main, ["lint", naive, "--write-baseline", str(baseline), "--fail-on", "never"]).exit_code == 0
+    out = tmp_path / "report.html"
+    result = runner.invoke(main, ["lint", naive, math, "--baseline", str(baseline), "--format", "html", "-o", str(out),
+                                  "--fail-on", "never"])
+    assert result.exit_code == 0, result.output
+    report = api.lint([naive, math], baseline=str(baseline))
+    counts = report.to_dict()["baseline"]
+    page = out.read_text()
+    assert (f"baseline <code>{baseline}</code>: {counts['new']} new, {counts['known']} known, "
+            f"{len(counts['fixed'])} fixed") in page
+    assert page.count("(known)</span>") == counts["known"] > 0 and page.count("(new)</span>") == counts["new"] > 0

@@ -128,7 +128,8 @@ def _finding_html(finding: dict[str, Any]) -> str:
     where = finding.get("where") or {}
     parts = [f"<div class=\"finding\" style=\"border-color:{colour}\" data-rule=\"{_esc(finding['rule'])}\">",
              f"<div><span class=\"sev\" style=\"color:{colour}\">{_esc(finding['severity'])}</span> "
-             f"<b>{_esc(finding['rule'])} {_esc(finding['name'])}</b>: {_esc(finding['message'])}</div>"]
+             f"<b>{_esc(finding['rule'])} {_esc(finding['name'])}</b>{_baseline_mark(finding)}: "
+             f"{_esc(finding['message'])}</div>"]
     impact = finding.get("impact") or {}
     if impact.get("gpu_us_per_step"):
         assumes = f" &mdash; assumes {_esc(impact['assumption'])}" if impact.get("assumption") else ""
@@ -154,6 +155,27 @@ def _finding_html(finding: dict[str, Any]) -> str:
                      "</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _baseline_mark(finding: dict[str, Any]) -> str:
+    """" (new)" or " (known)" against a baseline, as the text and Markdown reports mark a finding."""
+    state = finding.get("baseline")
+    return f" <span class=\"muted\">({_esc(state)})</span>" if state in ("new", "known") else ""
+
+
+def _baseline_section(baseline: dict[str, Any]) -> str:
+    """What the baseline says of the run, as the text report's baseline lines: counts, then what it held that is
+    gone (fixed) and what it held that an incomplete trace could not judge."""
+    lists = []
+    for key, label in (("fixed", "fixed since the baseline"),
+                       ("not_judged", "not judged (the trace is incomplete)")):
+        entries = baseline.get(key) or []
+        if entries:
+            items = "".join(f"<li>{_esc(e['rule'])} in <code>{_esc(e['trace'])}</code>: {_esc(e['message'])}</li>"
+                            for e in entries)
+            lists.append(f"<details><summary>{len(entries)} {label}</summary><ul>{items}</ul></details>")
+    return (f"<section class=\"baseline\"><p>baseline <code>{_esc(baseline['path'])}</code>: {baseline['new']} new, "
+            f"{baseline['known']} known, {len(baseline['fixed'])} fixed</p>{''.join(lists)}</section>")
 
 
 def trace_sections(report: dict[str, Any], timelines: dict[str, dict[str, Any]], file_names: bool = False
@@ -201,6 +223,8 @@ def lint_page(report: dict[str, Any], timelines: dict[str, dict[str, Any]], titl
             f"<span class=\"muted\">(attntrace {_esc(report['tool']['version'])})</span></p>"]
     if report.get("job"):  # one job's ranks: its step times per rank and stragglers, as the text report gives
         head.append(f"<section class=\"job\"><pre>{chr(10).join(map(_esc, render_job(report['job'])))}</pre></section>")
+    if report.get("baseline"):
+        head.append(_baseline_section(report["baseline"]))
     return _page(title, head + trace_sections(report, timelines))
 
 
