@@ -682,3 +682,23 @@ def test_a_socket_is_named_as_one(tmp_path: Path):
     assert result.stderr.splitlines() == [f"error: {path}: a socket, not a file (a trace is a file, a pipe, or '-' "
                                           "for stdin)"]
     assert [t["error"] is None for t in orjson.loads(result.stdout)["traces"]] == [False, True]
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://[::1", "not a valid URL (Invalid IPv6 URL)"),
+    ("s3://[x", "not a valid URL (Invalid IPv6 URL)"),
+    ("http://127.0.0.1:99999/t.json", "not a valid URL (Port out of range 0-65535)"),
+    ("file://", "the URL names no path (file:///folder/trace.json)"),
+    ("http:///t.json", "the URL names no host (http://HOST/folder/trace.json)"),
+    ("s3://", "the URL names no bucket (s3://BUCKET/folder/trace.json)"),
+])
+@pytest.mark.parametrize("command", ["lint", "summary"])
+def test_a_url_that_names_nothing_is_that_inputs_one_line(url: str, said: str, command: str):
+    # "http://[::1" was a traceback from summary, and lint's "error: Invalid IPv6 URL" named no input and dropped
+    # the report of every other one; "file://" was read as "/", and the whole machine was walked for traces.
+    result = CliRunner().invoke(main, [command, sample("bf16_causal_fwd/naive"), url, "--format", "json",
+                                       "--jobs", "1", *(["--fail-on", "never"] if command == "lint" else [])])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [f"error: {url}: {said}"]
+    traces = orjson.loads(result.stdout)["traces"]
+    assert traces[0]["path"] == sample("bf16_causal_fwd/naive") and traces[0].get("error") is None

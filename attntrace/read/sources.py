@@ -4,6 +4,7 @@ optional extras, imported only when a URL is given."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -39,18 +40,46 @@ def is_url(path: str) -> bool:
 
 
 def local_path(url: str) -> str | None:
-    """The path a file:// URL of this machine names, or None for any other URL. Such a URL is read as the path
-    is, with the guards a local file gets (a FIFO without a writer, /dev/zero, a directory's FIFOs)."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
-        return None
-    return unquote(parts.path) or "/"
+    """The path a file:// URL of this machine names, or None for any other URL (and for one that names no path,
+    which `url_problem` refuses: "file://" was read as "/", and the whole machine was walked). Such a URL is read
+    as the path is, with the guards a local file gets (a FIFO without a writer, /dev/zero, a directory's FIFOs)."""
+    with contextlib.suppress(ValueError):  # no URL at all (an unclosed "[")
+        parts = urlsplit(url)
+        if parts.scheme.lower() == "file" and parts.netloc in ("", "localhost") and parts.path:
+            return unquote(parts.path)
+    return None
+
+
+# Object stores: the URL's host is the bucket or container, which every object lives in.
+_BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"}
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` names nothing that can be read, before any backend is asked (they said "no such object" or
+    raised an internal error): not a URL by Python's rules (an unclosed IPv6 "[", a port that is no number or
+    past 65535), or no host, bucket or path where its scheme needs one. None for a URL to try."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - read for urlsplit's check of the port, made only when it is read
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    scheme = parts.scheme.lower()
+    if scheme == "file" and not parts.path:
+        return "the URL names no path (file:///folder/trace.json)"
+    if scheme in ("http", "https") and not parts.hostname:
+        return f"the URL names no host ({scheme}://HOST/folder/trace.json)"
+    if scheme in _BUCKETED and not parts.netloc:
+        return f"the URL names no bucket ({scheme}://BUCKET/folder/trace.json)"
+    return None
 
 
 def shown(url: str) -> str:
     """The URL as it may be printed: without a password. (A query string stays: it is part of what names the
     object, and the user typed it.)"""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # no URL by Python's rules (url_problem says so): nothing in it is read as a password
+        return url
     if not parts.password:
         return url
     host = parts.hostname or ""
@@ -65,8 +94,8 @@ def scrub(message: str, url: str = "") -> str:
     line = (message.strip().splitlines() or [""])[0]
     secrets = [os.environ.get(name, "") for name in SECRET_VARIABLES]
     if url:
-        parts = urlsplit(url)
-        secrets.append(parts.password or "")
+        with contextlib.suppress(ValueError):
+            secrets.append(urlsplit(url).password or "")
         line = line.replace(url, shown(url))
     for secret in sorted(filter(None, secrets), key=len, reverse=True):
         line = line.replace(secret, "***")
@@ -170,6 +199,10 @@ def discover(given: str) -> Iterator[tuple[str, str | None] | TraceError]:
     trace objects, sorted; yield (url, the prefix or glob it was found under, else None) or why the URL is
     unusable."""
     name = shown(given)
+    problem = url_problem(given)
+    if problem is not None:
+        yield TraceError("usage", problem, path=name)
+        return
     if urlsplit(given).password:
         yield TraceError("unsupported", "a password in the URL is refused; give credentials through "
                          "the backend's environment variables or config file", path=name)
@@ -212,6 +245,9 @@ def read_bytes(url: str, max_bytes: int, may_be_a_trace: Callable[[bytes], bool]
     stream of bounded requests and refused once they pass max_bytes: a gzip file larger than the limit
     cannot expand to less than it. An object whose first request cannot start a trace (`may_be_a_trace`: not
     JSON, gzip or UTF-16) is not read further: the reader says why from those bytes (an endless body)."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise TraceError("usage", problem)
     try:
         fs, path = _filesystem(url)
         with fs.open(path, "rb", block_size=READ_CHUNK_BYTES, cache_type="none") as fh:
