@@ -37,11 +37,20 @@ def _interrupted(signum: int, frame: object) -> None:
         deadline = time.monotonic() + WORKERS_GRACE_S
         for child in children:
             child.join(max(0.0, deadline - time.monotonic()))
+        for child in children:  # one still writing after the grace is stopped for good: what it leaves goes below
+            if child.is_alive():
+                child.kill()
+                child.join(WORKERS_GRACE_S)
+        if output is not None:  # what stopped workers (a Dask worker has no handler of ours) left beside outputs
+            output.remove_left_by_workers()
         forkserver = sys.modules.get("multiprocessing.forkserver")
         server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         if server:
             os.kill(server, signal.SIGTERM)
         _remove_pool_directory()
+        cluster = sys.modules.get("attntrace.distributed")  # --scheduler local: its workers' scratch folder
+        if cluster is not None:
+            cluster.remove_scratch()
     except BaseException:  # leaving is all that is left to do
         pass
     os._exit(128 + signum)

@@ -15,7 +15,7 @@ import orjson
 
 from attntrace.checks.config import ConfigError as ConfigError  # bad settings or config: part of the API
 from attntrace.checks.config import Settings
-from attntrace.formats import FORMATS
+from attntrace.formats import FORMATS, output
 
 T = TypeVar("T")
 
@@ -407,6 +407,7 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
 
         kept = [_path(p) for p in (*keep, *([config] if config else []))]
         targets = targets_for(names, _path(annotate), kept)
+        output.expect(targets.values())  # the workers write them: an interrupted run removes what they leave
     options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage, input_roots(names))
     work = partial(_lint_one, settings=chosen, options=options, timelines=timelines, annotate=targets)
     parts: list[Any] = []

@@ -9,6 +9,8 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -17,9 +19,23 @@ from typing import Any
 
 from attntrace.install import pip_install
 from attntrace.model.loading import InputError, guarded
+from attntrace.read import workers as workers_module
 
 _ADDRESS = re.compile(r"^(tcp|tls|ucx|inproc|ws|wss)://\S+$")
 _LOCAL = re.compile(r"^local(?::(\d+))?$")
+
+
+# The scratch folder of the local cluster running now: its workers' and scheduler's files (dask-scratch-space) go
+# here, not into $TMPDIR for good. Removed when the cluster closes, and by an interrupted run's handler
+# (attntrace.__main__, through remove_scratch) once the workers are stopped.
+_scratch: set[str] = set()
+
+
+def remove_scratch() -> None:
+    """Remove the local cluster's scratch folder; for the handler of SIGINT and SIGTERM."""
+    for folder in list(_scratch):
+        shutil.rmtree(folder, ignore_errors=True)
+        _scratch.discard(folder)
 
 
 class SchedulerError(Exception):
@@ -57,18 +73,28 @@ def _client(scheduler: str) -> Iterator[Any]:
     local = _LOCAL.match(scheduler)
     # Worker processes start from this environment: keep their logging as quiet as the client's.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "critical")
+    if local:
+        # Its workers are spawned with multiprocessing: the resource tracker they share must be the quiet one (an
+        # interrupted run's tracker printed "There appear to be N leaked semaphore objects" on the error stream).
+        workers_module.start_quiet_tracker()
+        scratch = tempfile.mkdtemp(prefix="attntrace-dask-")
+        _scratch.add(scratch)
+        try:
+            with dask.config.set({"logging.distributed": "critical", "temporary-directory": scratch}):
+                workers = int(local.group(1) or os.cpu_count() or 1)
+                try:
+                    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", silence_logs=logging.CRITICAL,
+                                           local_directory=scratch)
+                except Exception as exc:
+                    raise SchedulerError(f"cannot start {workers} local Dask workers ({type(exc).__name__}: "
+                                         f"{exc})") from exc
+                with cluster, Client(cluster) as client:
+                    yield client
+        finally:
+            remove_scratch()
+        return
     with dask.config.set({"logging.distributed": "critical"}):
-        if local:
-            workers = int(local.group(1) or os.cpu_count() or 1)
-            try:
-                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", silence_logs=logging.CRITICAL)
-            except Exception as exc:
-                raise SchedulerError(f"cannot start {workers} local Dask workers ({type(exc).__name__}: {exc})") \
-                    from exc
-            with cluster, Client(cluster) as client:
-                yield client
-            return
         try:
             client = Client(scheduler)  # waits distributed.comm.timeouts.connect (30 s unless configured)
         except Exception as exc:  # OSError, TimeoutError and Dask's own: all mean "not reachable"

@@ -212,3 +212,42 @@ def test_a_worker_that_dies_on_a_trace_is_that_traces_one_line_error(traces: Pat
     assert lost["error"] == {"kind": "worker-lost", "message": "the Dask worker analysing this trace died (out of "
                                                                "memory, or killed); the other traces were analysed"}
     assert [t["error"] is None for t in report["traces"]] == [False, True, True, True, True, False]
+
+
+# Loaded by every Python process of the run (PYTHONPATH): in a Dask worker, the rename of a finished annotated copy
+# is preceded by the signal to the run (the worker's parent, where the nanny runs), and the worker then waits, so the
+# run is interrupted while the copy's temporary file is there and its writer alive.
+_SIGNAL_THE_RUN_FROM_A_WORKER = """
+import multiprocessing, os, signal, time
+_replace = os.replace
+def _replace_after_a_signal(src, dst):
+    if str(src).endswith(".tmp") and multiprocessing.parent_process() is not None:
+        os.kill(os.getppid(), getattr(signal, os.environ["SIGNAL"]))
+        time.sleep(60)
+    return _replace(src, dst)
+os.replace = _replace_after_a_signal
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_leaves_nothing_of_a_local_cluster_behind(tmp_path: Path, signame: str) -> None:
+    # The annotated copy a Dask worker was writing stayed as a .tmp file (the worker has no handler of ours and was
+    # stopped mid-write), the cluster's dask-scratch-space stayed in $TMPDIR, and the resource tracker warned of
+    # "leaked semaphore objects" on the error stream.
+    from conftest import ROOT, as_a_shell_starts_it
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SIGNAL_THE_RUN_FROM_A_WORKER)
+    temp, out = tmp_path / "temp", tmp_path / "out"
+    temp.mkdir()
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "SIGNAL": signame, "TMPDIR": str(temp)}
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"),
+                           sample("bf16_causal_fwd/sdpa"), "--scheduler", "local:1", "--annotate", str(out),
+                           "-o", str(out / "report.json"), "--format", "json"], env=env, capture_output=True,
+                          text=True, timeout=300, preexec_fn=as_a_shell_starts_it)
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
+    assert done.stderr == ""
+    assert [name for name in os.listdir(out) if name.endswith(".tmp")] == []
+    assert os.listdir(temp) == []

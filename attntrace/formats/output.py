@@ -58,6 +58,43 @@ def _left_by_the_dead(folder: str) -> None:
                 os.unlink(path)
 
 
+# Outputs that other processes of this run write (--annotate's copies, written by the workers): a worker stopped
+# mid-write by an interrupted run removes nothing (a Dask worker has no handler of ours), so the run's own handler
+# removes what they left once they have ended (remove_left_by_workers).
+_expected: set[str] = set()
+
+
+def expect(targets: Iterable[str]) -> None:
+    """Note outputs that this run's workers write, for remove_left_by_workers."""
+    _expected.update(os.path.realpath(target) for target in targets)
+
+
+def _tmp_prefix(real: str) -> str:
+    """The start of the name of `real`'s temporary file, in its folder. It holds at most 100 bytes of the target's
+    name: a name near the 255-byte limit is valid, the same name with a prefix and suffix around it is not."""
+    stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
+    return f".{stem}.{TMP_TAG}."
+
+
+def remove_left_by_workers() -> None:
+    """Remove the temporary files beside the `expect`ed outputs that no process holds any more: those of the
+    workers an interrupted run has stopped. For the handler of SIGINT and SIGTERM, once the workers are gone."""
+    prefixes: dict[str, set[str]] = {}
+    for target in _expected:
+        prefixes.setdefault(os.path.dirname(target), set()).add(_tmp_prefix(target))
+    for folder, starts in prefixes.items():
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for name in names:
+            if LEFT_BEHIND.match(name) and name.startswith(tuple(starts)):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    if abandoned(path):
+                        os.unlink(path)
+
+
 def remove_unfinished() -> None:
     """Remove every temporary file still being written; safe to call from a signal handler (unlink only)."""
     for tmp in list(_unfinished):
@@ -104,11 +141,8 @@ def replacing(target: str, inputs: Iterable[str] = ()) -> Iterator[BinaryIO]:
     real = os.path.realpath(target)
     if existing is not None and any(_same(path, real) for path in inputs):
         raise WouldOverwriteInput("it is one of the inputs: not overwritten")
-    # The temporary name holds at most 100 bytes of the target's: a target name near the 255-byte limit is valid,
-    # the same name with a prefix and suffix around it is not.
-    stem = os.fsencode(os.path.basename(real))[:100].decode(errors="ignore")
     _left_by_the_dead(os.path.dirname(real))
-    fd, tmp = _created(os.path.dirname(real), f".{stem}.{TMP_TAG}.")
+    fd, tmp = _created(os.path.dirname(real), _tmp_prefix(real))
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

@@ -160,7 +160,7 @@ def context() -> BaseContext:
             # pools' semaphores left when a run ends while they are still held (Ctrl-C, a worker that died, an
             # exit while a pool winds down); its warning about them is not the user's business, and would break
             # the one line an error gets on stderr.
-            _start_quiet_tracker()
+            start_quiet_tracker()
             if "forkserver" in multiprocessing.get_all_start_methods():
                 _context = multiprocessing.get_context("forkserver")
                 _context.set_forkserver_preload(PRELOAD)
@@ -169,7 +169,7 @@ def context() -> BaseContext:
         return _context
 
 
-def _start_quiet_tracker() -> None:
+def start_quiet_tracker() -> None:
     """Start the resource tracker now, with the -W option that quiets it; the option is taken back once it runs,
     so that the caller's sys.warnoptions (which a library user's own processes start with) are as they were."""
     from multiprocessing import resource_tracker
