@@ -702,3 +702,26 @@ def test_a_url_that_names_nothing_is_that_inputs_one_line(url: str, said: str, c
     assert result.stderr.splitlines() == [f"error: {url}: {said}"]
     traces = orjson.loads(result.stdout)["traces"]
     assert traces[0]["path"] == sample("bf16_causal_fwd/naive") and traces[0].get("error") is None
+
+
+def test_diff_gives_no_verdict_where_the_steps_hold_little_of_each_iteration(tmp_path: Path):
+    # Kernels of 0 us (the 6.4 ms between step starts still there): the markers held 142.5 us of each step, and the
+    # intact trace's 6,382 us of GPU work was a REGRESSION of +4377% (exit 1), where summary said 6.4 ms of both.
+    import gzip
+
+    doc = orjson.loads(gzip.decompress(Path(sample("calibration/big_gemm.plain")).read_bytes()))
+    intact = tmp_path / "intact.json"
+    intact.write_bytes(orjson.dumps(doc))
+    for event in doc["traceEvents"]:
+        if event.get("cat") == "kernel":
+            event["dur"] = 0
+    emptied = tmp_path / "emptied.json"
+    emptied.write_bytes(orjson.dumps(doc))
+    result = CliRunner().invoke(main, ["diff", str(emptied), str(intact), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (pair,) = orjson.loads(result.stdout)["comparisons"]
+    said = pair["step"]["not_compared"]
+    assert said.startswith("not compared: the base trace's steps are 6") and "hold 142.5 us of that" in said
+    assert pair["step"]["confidence_slower"] is None
+    same = CliRunner().invoke(main, ["diff", str(intact), str(intact), "--fail-over", "5", "--format", "json"])
+    assert orjson.loads(same.stdout)["comparisons"][0]["step"]["not_compared"] is None

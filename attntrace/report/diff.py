@@ -8,6 +8,7 @@ else the replay's estimate): about 32 ms of profiler cost per step hid a trainin
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from attntrace.checks.config import Settings
 from attntrace.model import stats
 from attntrace.model.identity import fold_name, trace_label
 from attntrace.model.loading import InputError, display_path, guarded, load
+from attntrace.model.replay import RECORDED_STEP
 from attntrace.read import ReadOptions, discover
 from attntrace.report.engine import TraceReport, lint_trace
 
@@ -127,6 +129,34 @@ def _untimed_gpu(traces: dict[str, Any]) -> str | None:
         if trace.has_gpu and not trace.gpu["dur"].fill_null(0.0).sum() > 0:
             return (f"not compared: the {side} trace's {trace.gpu.height} GPU event(s) have no duration (read as 0: "
                     "its notes say why), so its steps hold no GPU work; to compare, capture it again")
+    return None
+
+
+# A step is compared by what its markers and its GPU work hold (step_table's step_us). Where the time from one step's
+# start to the next is this many times longer, most of each iteration is in no step (a loop that marks part of its
+# body, or a trace whose kernels lost their durations), and what the steps hold says nothing of the program's pace.
+UNMARKED_RATIO = 2.0
+
+
+def _steps_outside_markers(traces: dict[str, Any]) -> str | None:
+    """Why a side whose steps spend most of their time outside the step markers and the GPU's work gets no verdict.
+    A trace whose kernels all lasted 0 us (the step's 6.4 ms between markers still there) was a REGRESSION of
+    +4377% against the same trace intact: 142.5 us held by the markers against 6,382 us of GPU work."""
+    for side, trace in traces.items():
+        estimate = trace.estimate
+        if estimate.reason or not estimate.table.height:
+            continue
+        held = _per_step(trace, "step_us")
+        spans = (estimate.table.group_by("step").agg(RECORDED_STEP.max().alias("span_us"))["span_us"]
+                 .drop_nulls().to_list())
+        if not held or not spans:
+            continue
+        held_us, span_us = statistics.median(held), statistics.median(spans)
+        if span_us > UNMARKED_RATIO * held_us:
+            return (f"not compared: the {side} trace's steps are {span_us:.1f} us from one start to the next, but "
+                    f"its step markers and GPU work hold {held_us:.1f} us of that (medians): the rest is in no step "
+                    "(a loop that marks part of its body, or GPU events without their durations); to compare, mark "
+                    "each whole iteration as the step (prof.step() once per iteration)")
     return None
 
 
@@ -243,7 +273,7 @@ def compare_pair(base: str, new: str, fail_over: float | None, label: str | None
         {"base": _steady_count(bt, base_steps), "new": _steady_count(nt, new_steps)}, {"base": bt, "new": nt},
         {"base": base_steps, "new": new_steps}) \
         or _different_bases(base_basis, new_basis) or _untimed_gpu({"base": bt, "new": nt}) \
-        or _different_gpus(bt, nt)
+        or _steps_outside_markers({"base": bt, "new": nt}) or _different_gpus(bt, nt)
     step = {**_step_change(change), "basis": {"base": base_basis, "new": new_basis},
             "recorded": _step_change(recorded), "not_compared": not_compared}
     if not_compared:
