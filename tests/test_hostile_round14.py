@@ -725,3 +725,15 @@ def test_diff_gives_no_verdict_where_the_steps_hold_little_of_each_iteration(tmp
     assert pair["step"]["confidence_slower"] is None
     same = CliRunner().invoke(main, ["diff", str(intact), str(intact), "--fail-over", "5", "--format", "json"])
     assert orjson.loads(same.stdout)["comparisons"][0]["step"]["not_compared"] is None
+
+
+@pytest.mark.parametrize(("trace", "code"), [("bf16_decode_q16/sdpa", 0), (None, 2)])
+def test_a_run_with_its_error_stream_closed_still_reports(tmp_path: Path, trace: str | None, code: int):
+    # `lint T 2>&-`: the progress bar asked sys.stderr (None) whether it was a terminal; the AttributeError could not
+    # be printed, the report was never written, and the run exited 1 whatever it found.
+    path = sample(trace) if trace else str(tmp_path / "absent.json")
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "attntrace", "lint", path, "--format", "json", "-o", str(out)],
+                          stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=300, check=False)
+    assert done.returncode == code
+    assert orjson.loads(out.read_bytes())["summary"]["errors"] == (1 if code == 2 else 0)

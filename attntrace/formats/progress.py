@@ -13,7 +13,8 @@ VARIANT_LINE = re.compile(r"^\[(?P<index>\d+)/\d+\] (?P<name>.+)$")  # capture.r
 
 
 def _terminal() -> bool:
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    # No stderr at all (a library caller's process started without one): no bar.
+    return sys.stderr is not None and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
 def _input_bytes(paths: list[str]) -> tuple[int, int]:
