@@ -737,3 +737,24 @@ def test_a_run_with_its_error_stream_closed_still_reports(tmp_path: Path, trace:
                           stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=300, check=False)
     assert done.returncode == code
     assert orjson.loads(out.read_bytes())["summary"]["errors"] == (1 if code == 2 else 0)
+
+
+def test_a_broken_trace_in_a_directory_is_an_error_not_other_json(tmp_path: Path):
+    # Files that name their events, or that carry the profiler's trace name, were passed over as other programs'
+    # JSON when a directory was linted: "1 trace(s), 0 unreadable", exit 0, with three broken ranks beside it.
+    import gzip
+
+    (tmp_path / "good.pt.trace.json").write_bytes(gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes()))
+    broken = {"rank1.pt.trace.json": b'{"traceEvents":[{"ph":"X","cat":"kernel","name":"g","ts":"12x","dur":5}]}',
+              "rank2.json": b'{"traceEvents":[1,2,3]}', "rank3.pt.trace.json": b"null",
+              "rank4.pt.trace.json": b'{"a":1}'}
+    for name, data in broken.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "run.json").write_bytes(b'{"a":1}')  # other JSON beside the traces: passed over
+    result = CliRunner().invoke(main, ["lint", str(tmp_path), "--format", "json", "--fail-on", "never", "--jobs", "1"])
+    assert result.exit_code == 2
+    errors = {Path(t["path"]).name: t["error"]["message"] for t in orjson.loads(result.stdout)["traces"]
+              if t["error"]}
+    assert sorted(errors) == sorted(broken)
+    assert errors["rank1.pt.trace.json"] == ("none of its 1 items is a trace event (an object with a phase, \"ph\", "
+                                             "and fields of the format's types: numbers for ts and dur)")

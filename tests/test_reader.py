@@ -25,7 +25,8 @@ def _write(tmp_path: Path, name: str, data: bytes) -> str:
     (b'{"traceEvents": [{"ph": "X"', "not-json"), (b"hello", "not-json"), (b"42", "not-json"),
     (b'"text"', "not-json"), (b'{"nodes": [], "schema": "1.0"}', "not-a-trace"),
     (b'{"segments": []}', "not-a-trace"), (b'{"traceEvents": 5}', "bad-trace"),
-    (b"[1, 2, 3]", "not-a-trace"), (b'{"traceEvents": [1, "x", null]}', "not-a-trace"),
+    # A document that names its events and none can be read is a broken trace (`{"traceEvents": 5}` too).
+    (b"[1, 2, 3]", "not-a-trace"), (b'{"traceEvents": [1, "x", null]}', "bad-trace"),
     (b"[]", "empty"), (b'{"traceEvents": []}', "empty"),
 ])
 def test_refused_with_reason(tmp_path, data, kind):

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from attntrace import model, read
 from attntrace.model.identity import trace_label
 from attntrace.read import workers
-from attntrace.read.errors import TraceError
+from attntrace.read.errors import PROFILER_TRACE_SUFFIXES, TraceError
 
 T = TypeVar("T")
 SKIPPED = "skipped"  # the kind of an InputError that is a note, not a failure
@@ -289,7 +289,8 @@ def map_inputs(paths: list[str], work: Callable[[str], T], jobs: int = 1,
                 continue
             _, directory = item
             result = next(done)
-            if directory is not None and isinstance(result, InputError) and result.kind == "not-a-trace":
+            if (directory is not None and isinstance(result, InputError) and result.kind == "not-a-trace"
+                    and not result.path.endswith(PROFILER_TRACE_SUFFIXES)):
                 # Other JSON beside the traces (run.json, configs) is passed over, not an error.
                 passed_over.setdefault(directory, []).append(result.path)
                 yield InputError(result.path, SKIPPED, result.message)

@@ -495,6 +495,9 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     except msgspec.ValidationError:
         doc = Document(traceEvents=[])
     doc.traceEvents = kept
+    if dropped and not kept and isinstance(document, dict):
+        # The document names its events and none can be read: a broken trace, not other JSON beside the traces.
+        raise TraceError("bad-trace", empty_problem(dropped)[1])
     unphased = sum(isinstance(event, Unphased) for event in kept)
     if unphased and unphased == len(kept) and isinstance(document, dict):
         raise TraceError("bad-trace", no_phase_problem(unphased))
@@ -514,7 +517,8 @@ def no_phase_problem(unphased: int) -> str:
 def empty_problem(dropped: int) -> tuple[str, str]:
     """(kind, reason) for an event list that holds no trace event: `dropped` items, none of them an event."""
     if dropped:
-        return "not-a-trace", f"none of its {dropped} items is a trace event (an object with a phase, \"ph\")"
+        return "not-a-trace", (f"none of its {dropped} items is a trace event (an object with a phase, \"ph\", "
+                               "and fields of the format's types: numbers for ts and dur)")
     return "empty", "no trace events (an empty event list)"
 
 

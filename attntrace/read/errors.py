@@ -4,6 +4,9 @@ are traces. A module of its own so that `sources` (URLs) needs nothing of the re
 from __future__ import annotations
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+# The names torch.profiler's tensorboard_trace_handler and export_chrome_trace examples give: a file so named that
+# cannot be read is a broken trace, never other JSON that a directory scan passes over.
+PROFILER_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 
 class TraceError(Exception):
