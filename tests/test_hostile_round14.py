@@ -758,3 +758,26 @@ def test_a_broken_trace_in_a_directory_is_an_error_not_other_json(tmp_path: Path
     assert sorted(errors) == sorted(broken)
     assert errors["rank1.pt.trace.json"] == ("none of its 1 items is a trace event (an object with a phase, \"ph\", "
                                              "and fields of the format's types: numbers for ts and dur)")
+
+
+def test_diff_pairs_no_trace_whose_name_another_shares(tmp_path: Path):
+    # x.pt.trace.json beside x.pt.trace.json.gz: one was dropped without a word, and the verdict (a REGRESSION, exit
+    # 1) depended on which one was paired.
+    import gzip
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    base.mkdir()
+    new.mkdir()
+    sdpa, naive = sample("bf16_causal_fwd/sdpa"), sample("bf16_causal_fwd/naive")
+    for folder in (base, new):
+        (folder / "y.pt.trace.json.gz").write_bytes(Path(sdpa).read_bytes())
+    (base / "x.pt.trace.json.gz").write_bytes(Path(sdpa).read_bytes())
+    (new / "x.pt.trace.json.gz").write_bytes(Path(naive).read_bytes())
+    (new / "x.pt.trace.json").write_bytes(gzip.decompress(Path(sdpa).read_bytes()))
+    result = CliRunner().invoke(main, ["diff", str(base), str(new), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 2
+    report = orjson.loads(result.stdout)
+    assert [Path(c["new"]).name for c in report["comparisons"]] == ["y.pt.trace.json.gz"]
+    assert report["unmatched"] == [] and report["regressions"] == 0
+    assert report["search_errors"] == [f"{new}: 2 traces have one name (x: {new}/x.pt.trace.json, "
+                                       f"{new}/x.pt.trace.json.gz); rename all but one to compare them"]

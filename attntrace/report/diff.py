@@ -36,6 +36,7 @@ def pairs(base: str, new: str) -> tuple[list[tuple[str | None, str | None]], lis
     if not (Path(base).is_dir() and Path(new).is_dir()):
         return [(base, new)], []
     problems: list[str] = []
+    ambiguous: set[str] = set()
 
     def by_label(root: str) -> dict[str, str]:
         found = []
@@ -44,11 +45,22 @@ def pairs(base: str, new: str) -> tuple[list[tuple[str | None, str | None]], lis
                 found.append(item[0])
             else:
                 problems.append(f"{display_path(root)}: {item}")
-        relative = [Path(p).relative_to(root) for p in found]
-        return {str(r.parent / fold_name(r.name)): p for r, p in zip(relative, found, strict=True)}
+        named: dict[str, list[str]] = {}
+        for path in found:
+            relative = Path(path).relative_to(root)
+            named.setdefault(str(relative.parent / fold_name(relative.name)), []).append(path)
+        # Two files of one name (x.pt.trace.json beside x.pt.trace.json.gz): pairing either would be a guess, and
+        # the verdict depended on which (a REGRESSION from one, none from the other).
+        for label, paths in named.items():
+            if len(paths) > 1:
+                problems.append(f"{display_path(root)}: {len(paths)} traces have one name ({label}: "
+                                f"{', '.join(map(display_path, paths))}); rename all but one to compare them")
+                ambiguous.add(label)
+        return {label: paths[0] for label, paths in named.items()}
 
     left, right = by_label(base), by_label(new)
-    return [(left.get(k), right.get(k)) for k in sorted(set(left) | set(right))], problems
+    labels = sorted((set(left) | set(right)) - ambiguous)  # the other side's trace of that name is not compared
+    return [(left.get(k), right.get(k)) for k in labels], problems
 
 
 def _classes(trace: Any, steps: int) -> dict[str, float]:
