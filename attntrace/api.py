@@ -20,6 +20,7 @@ from attntrace.formats import FORMATS, output
 T = TypeVar("T")
 
 SEVERITIES = ("error", "warning", "info")
+FAIL_ON_LEVELS = (*SEVERITIES, "never")
 PathLike = str | os.PathLike[str]
 
 
@@ -144,6 +145,10 @@ class Report:
         settings' fail-on), else 0."""
         from attntrace.report.engine import exit_code
 
+        # Checked before the inputs' errors decide it: a bad level was 2 with an unreadable input and raised
+        # without one; a list was "unhashable type".
+        if fail_on is not None and fail_on not in FAIL_ON_LEVELS:
+            raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON_LEVELS)}, not {fail_on!r:.60}")
         return exit_code(self.data, fail_on or self.fail_on)
 
     def render(self, fmt: str = "text", colour: bool = False) -> bytes:
@@ -287,9 +292,9 @@ def _tokens(value: str | Iterable[str] | None) -> list[str]:
     if isinstance(value, bytes | Mapping) or not isinstance(value, str | Iterable):
         raise TypeError(f"rules are selected by text or a list of texts, not {type(value).__name__}")
     items = value.split(",") if isinstance(value, str) else list(value)
-    odd = next((v for v in items if not isinstance(v, str)), None)
-    if odd is not None:  # select=[101] was "'int' object has no attribute 'strip'"
-        raise TypeError(f"rules are named by text (an id, a name or a prefix), not {odd!r}")
+    odd = [v for v in items if not isinstance(v, str)]
+    if odd:  # select=[101] or [None] was "'int' object has no attribute 'strip'"
+        raise TypeError(f"rules are named by text (an id, a name or a prefix), not {odd[0]!r}")
     return [v.strip() for v in items if v.strip()]
 
 
@@ -345,6 +350,13 @@ def _path(path: Any) -> str:
     return os.fsdecode(path)
 
 
+def _flags(**given: Any) -> None:
+    """Each on/off argument a bool: salvage="no" was read as on, and drop_syncs="x" as a change asked for."""
+    for name, value in given.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, not {value!r:.60}")
+
+
 def _max_size(value: int | None) -> int | None:
     """max_size as given: None for the default, else a whole number of bytes above 0 (0 meant the default, and a
     negative one made every trace unreadable)."""
@@ -384,8 +396,13 @@ def lint(paths: PathLike | Iterable[PathLike], select: str | Iterable[str] | Non
     from attntrace.read import DEFAULT_MAX_BYTES, ReadOptions, input_roots
     from attntrace.report import engine
 
-    if group not in GROUPS:
-        raise ValueError(f"group must be one of {', '.join(GROUPS)}, not {group!r}")
+    if not isinstance(group, str) or group not in GROUPS:
+        raise ValueError(f"group must be one of {', '.join(GROUPS)}, not {group!r:.60}")
+    _flags(salvage=salvage, timelines=timelines)
+    if runner is not None and not callable(runner):  # runner="local" was "'str' object is not callable"
+        raise TypeError(f"runner must be a function (attntrace.distributed.runner(scheduler)), not {runner!r:.60}")
+    if isinstance(keep, str | bytes) or not isinstance(keep, Iterable):
+        raise TypeError(f"keep must be a list of paths, not {keep!r:.60}")
     if isinstance(jobs, bool) or not isinstance(jobs, int):
         raise TypeError(f"jobs must be a whole number, not {jobs!r}")
     if jobs < 1:  # as --jobs
@@ -487,6 +504,7 @@ def summarize(path: PathLike, *, max_size: int | None = None, salvage: bool = Fa
     from attntrace.report.engine import summarize_trace
 
     name = _path(path)
+    _flags(salvage=salvage)
     settings = build_settings(config=config)
     options = ReadOptions(_max_size(max_size) or DEFAULT_MAX_BYTES, salvage)
     # guarded, as lint's inputs are: JSON nested 10,000 deep or a full memory is this file's one line too.
@@ -536,6 +554,7 @@ def whatif(path: PathLike, *, speedup: dict[str, float] | None = None, drop_sync
     from attntrace.report.engine import summarize_trace
 
     name = _path(path)
+    _flags(drop_syncs=drop_syncs, pin_copies=pin_copies, graph=graph, offload_loader=offload_loader, salvage=salvage)
     # A str was iterated ("class 2, =, e, g, m"), a number key joined as text.
     if speedup is not None and (not isinstance(speedup, Mapping) or not all(isinstance(k, str) for k in speedup)):
         raise TypeError(f"speedup must be a mapping of kernel class name to factor ({{'gemm': 4}}), not "

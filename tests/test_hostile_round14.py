@@ -781,3 +781,42 @@ def test_diff_pairs_no_trace_whose_name_another_shares(tmp_path: Path):
     assert report["unmatched"] == [] and report["regressions"] == 0
     assert report["search_errors"] == [f"{new}: 2 traces have one name (x: {new}/x.pt.trace.json, "
                                        f"{new}/x.pt.trace.json.gz); rename all but one to compare them"]
+
+
+def test_the_api_refuses_arguments_of_the_wrong_kind_in_its_own_words():
+    # Each was an internal error deep inside (AttributeError, "'str' object is not callable", "unhashable type") or
+    # was taken without a word (salvage="yes" read as on).
+    import attntrace
+
+    trace = sample("bf16_causal_fwd/naive")
+    refused = {
+        "select": (lambda: attntrace.lint([trace], select=[None]), "rules are named by text"),
+        "runner": (lambda: attntrace.lint([trace], runner="local"), "runner must be a function"),
+        "salvage": (lambda: attntrace.lint([trace], salvage="yes"), "salvage must be True or False"),
+        "timelines": (lambda: attntrace.lint([trace], timelines=None), "timelines must be True or False"),
+        "keep": (lambda: attntrace.lint([trace], keep=5), "keep must be a list of paths"),
+        "summarize": (lambda: attntrace.summarize(trace, salvage=1), "salvage must be True or False"),
+        "whatif": (lambda: attntrace.whatif(trace, drop_syncs="x"), "drop_syncs must be True or False"),
+    }
+    for call, said in refused.values():
+        with pytest.raises(TypeError, match=said):
+            call()
+    report = attntrace.lint([trace, str(Path(trace).parent / "absent.json")])
+    for level in (["error"], "bogus", ""):  # with an unreadable input too: 2 was returned without a look
+        with pytest.raises(ValueError, match="fail_on must be one of error, warning, info, never"):
+            report.exit_code(level)  # type: ignore[arg-type]
+    assert report.exit_code("never") == 2
+
+
+def test_a_path_with_a_nul_byte_is_that_inputs_error():
+    # Only the API can be given one: os calls raised "embedded null byte", naming no input, and the other inputs
+    # were lost (lint) or it was "internal error ...; please report it" (summarize).
+    import attntrace
+
+    trace = sample("bf16_causal_fwd/naive")
+    report = attntrace.lint([trace, "/tmp/x\0y.json"])
+    assert [(t.path, t.error) for t in report.traces] == [
+        (trace, None), ("/tmp/x\0y.json", {"kind": "usage", "message": "the path holds a NUL byte, which no file "
+                                                                        "name can"})]
+    with pytest.raises(attntrace.TraceReadError, match="the path holds a NUL byte, which no file name can"):
+        attntrace.summarize("/tmp/x\0y.json")

@@ -46,6 +46,8 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
             data = _read_stream(sys.stdin.buffer, max_bytes)
         elif sources.is_url(path):
             data = sources.read_bytes(path, max_bytes, may_be_a_trace)
+        elif "\0" in path:  # os.open's ValueError ("embedded null byte") was an internal error
+            raise TraceError("unreadable", "the path holds a NUL byte, which no file name can")
         else:
             fh, first = _open(path)
             with fh:

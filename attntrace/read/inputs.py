@@ -18,6 +18,7 @@ from attntrace.read.errors import TRACE_SUFFIXES, TraceError
 _GLOB = re.compile(r"[*?\[]")
 # Nsight Systems exports (read/nsys.py) found in a directory; one of another program is passed over there.
 EXPORT_SUFFIXES = (".sqlite",)
+NUL_IN_PATH = "the path holds a NUL byte, which no file name can"
 
 
 def input_roots(paths: list[str]) -> tuple[str, ...]:
@@ -53,7 +54,7 @@ def discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]:
     for item in _discover(paths):
         path = item[0] if isinstance(item, tuple) else item.path
         # Only local files: stdin named twice gets its own error, and a URL is another file at every read.
-        key = _identity(path) if path and path != "-" and "://" not in path else None
+        key = _identity(path) if path and path != "-" and "://" not in path and "\0" not in path else None
         if key is not None and key in seen:
             continue
         if key is not None:
@@ -78,6 +79,9 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]
     for given in paths:
         if not given:  # an unset shell variable ("$TRACE"): Path("") is the current directory, which it never meant
             yield TraceError("usage", "an empty path", path=given)
+            continue
+        if "\0" in given:  # only through the API: os calls raised "embedded null byte", naming no input
+            yield TraceError("usage", NUL_IN_PATH, path=given)
             continue
         if given == "-":
             if stdin_seen:

@@ -74,7 +74,7 @@ def is_sqlite_file(path: str) -> bool:
             return False
         with open(path, "rb") as fh:
             return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return False  # the ordinary reader names the problem
 
 
