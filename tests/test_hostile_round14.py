@@ -820,3 +820,36 @@ def test_a_path_with_a_nul_byte_is_that_inputs_error():
                                                                         "name can"})]
     with pytest.raises(attntrace.TraceReadError, match="the path holds a NUL byte, which no file name can"):
         attntrace.summarize("/tmp/x\0y.json")
+
+
+# A writer that commits to a WAL-mode export and dies before its checkpoint: the pages are in -wal alone.
+_DIE_AFTER_A_WAL_COMMIT = """
+import os, sqlite3, sys
+connection = sqlite3.connect(sys.argv[1])
+connection.execute("PRAGMA journal_mode=WAL")
+connection.execute("PRAGMA wal_autocheckpoint=0")
+connection.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = "
+                   "(SELECT MIN(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)")
+connection.commit()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_an_export_with_pages_in_its_wal_is_read_without_a_file_made_or_changed_beside_it(tmp_path: Path, shm: bool):
+    # A -wal file with committed pages needs a -shm file to be read: SQLite made one beside the user's export, or
+    # rewrote the one there. The export is now read from a private copy of it and its -wal.
+    from nsys_build import TF32_GEMM, Export, Kernel
+
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    path = Export(kernels=[Kernel(TF32_GEMM, 100.0 * (i + 1), 50.0) for i in range(4)]).write(folder / "w.sqlite")
+    subprocess.run([sys.executable, "-c", _DIE_AFTER_A_WAL_COMMIT, str(path)], check=True, timeout=60)
+    if not shm:
+        (folder / "w.sqlite-shm").unlink()
+    before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+    assert (folder / "w.sqlite-wal").stat().st_size > 0
+    result = CliRunner().invoke(main, ["summary", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["traces"][0]["kernels"] == 3  # the -wal's pages were read
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 import stat
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -85,25 +87,60 @@ def is_sqlite(data: Buffer) -> bool:
 def read_export(path: str, data: Buffer | None = None) -> RawTrace:
     """An Nsight Systems SQLite export as a RawTrace whose `frames` hold its tables; from the file at `path`, or
     from `data` (stdin, a URL) when given. TraceError with one line when it is not one, or cannot be read."""
-    try:
-        connection = _connect(path, data)
-    except sqlite3.Error as exc:
-        raise TraceError(*_sqlite_problem(exc)) from None
-    try:
-        with contextlib.closing(connection):
-            return _read(connection, path, len(data) if data is not None else os.path.getsize(path))
-    except sqlite3.Error as exc:
-        raise TraceError(*_sqlite_problem(exc)) from None
-    except (ValueError, TypeError, KeyError, OverflowError, pl.exceptions.PolarsError) as exc:
-        # SQLite keeps any value in any column: text or NULL where Nsight writes an id is the file's problem (one
-        # line naming it), not "internal error; please report it".
-        detail = " ".join(str(exc).split())[:120]
-        raise TraceError("bad-trace", "an Nsight Systems export holding a value Nsight does not write "
-                         f"({type(exc).__name__}: {detail}); export it again") from None
+    with _readable_copy(path, data) as where:
+        try:
+            connection = _connect(where, data, private=where != path)
+        except sqlite3.Error as exc:
+            raise TraceError(*_sqlite_problem(exc)) from None
+        try:
+            with contextlib.closing(connection):
+                return _read(connection, path, len(data) if data is not None else os.path.getsize(path))
+        except sqlite3.Error as exc:
+            raise TraceError(*_sqlite_problem(exc)) from None
+        except (ValueError, TypeError, KeyError, OverflowError, pl.exceptions.PolarsError) as exc:
+            # SQLite keeps any value in any column: text or NULL where Nsight writes an id is the file's problem
+            # (one line naming it), not "internal error; please report it".
+            detail = " ".join(str(exc).split())[:120]
+            raise TraceError("bad-trace", "an Nsight Systems export holding a value Nsight does not write "
+                             f"({type(exc).__name__}: {detail}); export it again") from None
 
 
-def _connect(path: str, data: Buffer | None) -> sqlite3.Connection:
-    if data is None:
+@contextlib.contextmanager
+def _readable_copy(path: str, data: Buffer | None) -> Iterator[str]:
+    """Where to open the export: the file itself, or, when a reader would have to write beside it, a private copy
+    that is removed after. A -wal file with pages not yet in the database needs a -shm file to be read (SQLite made
+    one beside the user's file, or rewrote theirs), and a hot -journal must be rolled back first (read-only, that
+    was "attempt to write a readonly database"). The copy holds the database and that file, nothing else."""
+    side = next((f"{path}{suffix}" for suffix in ("-wal", "-journal") if data is None and _pages_in(f"{path}{suffix}")),
+                None)
+    if side is None:
+        yield path
+        return
+    folder = tempfile.mkdtemp(prefix="attntrace-sqlite-")
+    try:
+        copy = os.path.join(folder, "export.sqlite")
+        try:
+            shutil.copyfile(path, copy)
+            shutil.copyfile(side, copy + side[len(path):])
+        except OSError as exc:
+            raise TraceError("unreadable", f"cannot copy it with its {side[len(path):]} file to read it "
+                             f"({exc.strerror or exc})") from None
+        yield copy
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pages_in(side_file: str) -> bool:
+    try:
+        return os.path.getsize(side_file) > 0
+    except OSError:
+        return False
+
+
+def _connect(path: str, data: Buffer | None, private: bool = False) -> sqlite3.Connection:
+    if private:  # attntrace's own copy: SQLite may write beside it (its -shm, a journal's rollback)
+        connection = sqlite3.connect(path, timeout=LOCK_WAIT_S, check_same_thread=False)
+    elif data is None:
         # mode=ro: the user's file is never written (no journal, no index, no lock beyond a reader's).
         immutable = "&immutable=1" if _wal_without_pending_pages(path) else ""
         connection = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro{immutable}", uri=True,
