@@ -283,6 +283,8 @@ def _speedups(values: tuple[str, ...]) -> dict[str, float]:
     for value in values:
         name, _, factor = value.partition("=")
         try:
+            if not name.strip():  # "=2" asked for "no kernels of class  in this trace"
+                raise ValueError(value)
             out[name.strip()] = float(factor)
         except ValueError:
             raise click.BadParameter(f"{value!r} is not CLASS=FACTOR (e.g. gemm_fp32_simt=4)",
@@ -771,6 +773,10 @@ def diff(base: str, new: str, fail_over: float | None, fmt: str, output: str | N
             raise click.ClickException(f"{_shown(path)}: {exc.strerror or exc}") from exc
         if missing:
             raise click.ClickException(f"{_shown(path)}: no such file or directory")
+    folders = [path for path in (base, new) if not is_url(path) and Path(path).is_dir()]
+    if len(folders) == 1:  # was "DIR: is a directory", as if a folder could not be compared at all
+        raise click.ClickException(f"{_shown(folders[0])} is a directory and the other a file: diff compares two "
+                                   "traces, or two directories of traces matched by name")
     result = _escaped(differ.compare(base, new, fail_over, _read_options(max_size, salvage), settings))
     shown_in_report = fmt != "json" and output in (None, "-") and _one_terminal()  # as lint's
     for c in result["comparisons"]:

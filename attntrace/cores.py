@@ -49,10 +49,14 @@ def most_polars_threads() -> int:
 def threads_setting_problem() -> str | None:
     """What is wrong with the user's POLARS_MAX_THREADS, for a one-line error before polars is loaded: 0 made
     polars panic at its first query (a Rust backtrace), and a huge count never finished. Text that is not a
-    whole number polars itself passes over (it takes its default)."""
+    whole number polars itself warns of ("sys:1: UserWarning: illegal value", a second line on stderr) and takes
+    its default: one line here too."""
     value = os.environ.get(POLARS_THREADS_ENV, "").strip()
-    if not value.lstrip("+-").isdecimal() or not value.isascii():
+    if not value:
         return None
+    if not value.lstrip("+-").isdecimal() or not value.isascii():
+        return (f"{POLARS_THREADS_ENV}={value[:40]!r} is not a whole number of threads; unset it to let attntrace "
+                "choose")
     count = int(value)
     if 1 <= count <= most_polars_threads():
         return None

@@ -853,3 +853,26 @@ def test_an_export_with_pages_in_its_wal_is_read_without_a_file_made_or_changed_
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["traces"][0]["kernels"] == 3  # the -wal's pages were read
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    (["whatif", "TRACE", "--speedup", "=2"], {},
+     "error: Invalid value for --speedup: '=2' is not CLASS=FACTOR (e.g. gemm_fp32_simt=4) (see 'python -m attntrace "
+     "whatif "
+     "--help')"),
+    (["lint", "TRACE"], {"POLARS_MAX_THREADS": "abc"},
+     "error: POLARS_MAX_THREADS='abc' is not a whole number of threads; unset it to let attntrace choose"),
+    (["diff", "FOLDER", "TRACE"], {},
+     "error: FOLDER is a directory and the other a file: diff compares two traces, or two directories of traces "
+     "matched by name"),
+])
+def test_wrong_arguments_get_one_line_that_says_what_is_wrong(tmp_path: Path, args: list[str], env: dict[str, str],
+                                                              said: str):
+    # "no kernels of class  in this trace"; polars' own "sys:1: UserWarning: illegal value 'abc'" beside the run's
+    # lines; "DIR: is a directory".
+    trace = sample("bf16_causal_fwd/naive")
+    given = [a.replace("TRACE", trace).replace("FOLDER", str(tmp_path)) for a in args]
+    done = subprocess.run([sys.executable, "-m", "attntrace", *given], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env}, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [said.replace("FOLDER", str(tmp_path))]
