@@ -876,3 +876,19 @@ def test_wrong_arguments_get_one_line_that_says_what_is_wrong(tmp_path: Path, ar
                           env={**os.environ, **env}, check=False)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [said.replace("FOLDER", str(tmp_path))]
+
+
+def test_an_export_missing_a_time_column_is_named_as_such(tmp_path: Path):
+    # SQLite reads "end" of a table without it as the text 'end': "a value of the wrong type ... of type: str".
+    import sqlite3
+
+    from nsys_build import TF32_GEMM, Export, Kernel
+
+    path = Export(kernels=[Kernel(TF32_GEMM, 100.0, 50.0)]).write(tmp_path / "e.sqlite")
+    with sqlite3.connect(path) as export:
+        export.execute('ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN "end" TO finish')
+    result = CliRunner().invoke(main, ["summary", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"error: {path}: an Nsight Systems export whose CUPTI_ACTIVITY_KIND_KERNEL table has no end column, which "
+        "Nsight always writes; export it again"]

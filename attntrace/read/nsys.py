@@ -206,8 +206,26 @@ def schema_version(connection: sqlite3.Connection, tables: dict[str, set[str]]) 
     return version
 
 
+# The tables whose rows are timed events: each needs both times (SQLite reads "end" of a table without that column as
+# the text 'end', which was "a value of the wrong type", where the column is what is missing).
+TIMED_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+def _missing_times(tables: dict[str, set[str]]) -> str | None:
+    for table in TIMED_TABLES:
+        missing = [column for column in ("start", "end") if table in tables and column not in tables[table]]
+        if missing:
+            return (f"an Nsight Systems export whose {table} table has no {' or '.join(missing)} column, which "
+                    "Nsight always writes; export it again")
+    return None
+
+
 def _read(connection: sqlite3.Connection, path: str, size: int) -> RawTrace:
     tables = _columns(connection)
+    problem = _missing_times(tables)
+    if problem:
+        raise TraceError("bad-trace", problem)
     version = schema_version(connection, tables)
     strings = _frame(connection, "SELECT id, value FROM StringIds", {"id": pl.Int64, "value": pl.String})
     devices = _devices(connection, tables)
