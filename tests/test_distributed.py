@@ -251,3 +251,24 @@ def test_a_signal_leaves_nothing_of_a_local_cluster_behind(tmp_path: Path, signa
     assert done.stderr == ""
     assert [name for name in os.listdir(out) if name.endswith(".tmp")] == []
     assert os.listdir(temp) == []
+
+
+def test_the_scratch_folder_of_a_killed_run_goes_with_the_next_local_cluster(tmp_path: Path) -> None:
+    # SIGKILL can remove nothing: the cluster's scratch folder stayed in $TMPDIR for good.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    big = sample("heldout/gpt2_generate.shapes_stack")
+    run = subprocess.Popen([sys.executable, "-m", "attntrace", "lint", big, big, big, "--scheduler", "local:1",
+                            "--format", "json", "-o", str(tmp_path / "r.json")], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + POLL_LIMIT_S
+    while not list(temp.glob("attntrace-dask-*/attntrace-owner")) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    os.killpg(run.pid, signal.SIGKILL)  # the whole group, as `timeout -s KILL` or the OOM killer's cgroup kill
+    run.wait(timeout=60)
+    (left,) = temp.glob("attntrace-dask-*")
+    again = subprocess.run([sys.executable, "-m", "attntrace", "lint", sample("bf16_causal_fwd/naive"), "--scheduler",
+                            "local:1", "--fail-on", "never"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert not left.exists() and os.listdir(temp) == []

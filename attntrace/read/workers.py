@@ -390,6 +390,15 @@ def own_temp_dir() -> str | None:
     return _own_folder[pid]
 
 
+def mark_temp_dir() -> None:
+    """For processes that others start (a Dask local cluster's): hold this process's multiprocessing folder where
+    attntrace made it, and remove the ones beside it that killed runs left (no one holds their owner file)."""
+    with contextlib.suppress(OSError):
+        folder = own_temp_dir()
+        if folder is not None:
+            _sweep_and_mark(folder)
+
+
 def _sweep_and_mark(folder: str) -> None:
     """Once: hold the owner file of `folder` (this process's own multiprocessing folder), and remove the folders
     beside it whose owner file no one holds."""
