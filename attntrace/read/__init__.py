@@ -1,7 +1,7 @@
 """The read layer: from what the user named to decoded events, in one module per concern.
 
 - inputs: finding the inputs (files, directories, globs, stdin, URLs);
-- buffers: getting the bytes (mmap, streams, FIFOs, size limits, the memory guard);
+- buffers: getting the bytes (read into a private copy, never mapped; streams, FIFOs, size limits, the memory guard);
 - encodings: gzip and text encodings;
 - decoding: JSON into typed events, whole or in pieces, tolerant of odd events;
 - salvage: the complete events of a cut-off file;
