@@ -71,10 +71,11 @@ def _remove_pool_directory() -> None:
 
 def entry() -> None:
     from attntrace.allocator import return_freed_pages_sooner
-    from attntrace.cores import threads_setting_problem
+    from attntrace.cores import forget_text_threads_setting, threads_setting_problem
 
     if sys.stderr is None:  # started with fd 2 closed (2>&-): its lines go nowhere, as asked; the run goes on
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    forget_text_threads_setting()
     problem = threads_setting_problem()
     if problem:
         sys.stderr.write(f"error: {problem}\n")

@@ -46,17 +46,27 @@ def most_polars_threads() -> int:
     return max(256, 4 * (os.cpu_count() or 1))
 
 
+def _whole_number(value: str) -> bool:
+    return value.lstrip("+-").isdecimal() and value.isascii()
+
+
+def forget_text_threads_setting() -> None:
+    """For a command-line run, before polars is loaded: POLARS_MAX_THREADS set to text that is no whole number
+    ("auto", "abc") is unset. polars passes over it for its default, with a warning on stderr ("sys:1:
+    UserWarning: illegal value", a second line beside the run's one-line errors); unset, the run chooses as it
+    does when nothing is set, without the warning."""
+    value = os.environ.get(POLARS_THREADS_ENV)
+    if value is not None and not _whole_number(value.strip()) and "polars" not in sys.modules:
+        del os.environ[POLARS_THREADS_ENV]
+
+
 def threads_setting_problem() -> str | None:
     """What is wrong with the user's POLARS_MAX_THREADS, for a one-line error before polars is loaded: 0 made
     polars panic at its first query (a Rust backtrace), and a huge count never finished. Text that is not a
-    whole number polars itself warns of ("sys:1: UserWarning: illegal value", a second line on stderr) and takes
-    its default: one line here too."""
+    whole number is not for polars at all: see forget_text_threads_setting."""
     value = os.environ.get(POLARS_THREADS_ENV, "").strip()
-    if not value:
+    if not _whole_number(value):
         return None
-    if not value.lstrip("+-").isdecimal() or not value.isascii():
-        return (f"{POLARS_THREADS_ENV}={value[:40]!r} is not a whole number of threads; unset it to let attntrace "
-                "choose")
     count = int(value)
     if 1 <= count <= most_polars_threads():
         return None
