@@ -900,3 +900,15 @@ def test_a_thread_count_that_is_text_is_passed_over_without_polars_warning(threa
                           env={**os.environ, "POLARS_MAX_THREADS": threads}, check=False)
     assert done.returncode == 0 and done.stderr == ""
     assert orjson.loads(done.stdout)["summary"]["traces"] == 1
+
+
+def test_dev_null_as_a_config_is_no_settings():
+    # "--config /dev/null", the usual way to say "no settings" (and to keep the nearest pyproject.toml out), was
+    # refused as "not a file or a pipe"; other devices still are.
+    trace = sample("bf16_causal_fwd/naive")
+    plain = CliRunner().invoke(main, ["lint", trace, "--format", "json", "--jobs", "1"])
+    nulled = CliRunner().invoke(main, ["lint", trace, "--format", "json", "--jobs", "1", "--config", os.devnull])
+    assert nulled.exit_code == plain.exit_code == 1
+    assert nulled.stdout == plain.stdout
+    zero = CliRunner().invoke(main, ["lint", trace, "--config", "/dev/zero"])
+    assert zero.exit_code == 2 and "not a file or a pipe" in zero.stderr

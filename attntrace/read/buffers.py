@@ -117,6 +117,8 @@ def read_small_file(path: str | Path) -> bytes:
         info = os.fstat(fh.fileno())
         if stat.S_ISDIR(info.st_mode):
             raise OSError(errno.EISDIR, "is a directory")
+        if _is_devnull(info):  # the usual way to say "empty": a config of no settings, an empty baseline file
+            return b""
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
             raise OSError(errno.EINVAL, "not a file or a pipe")
         try:
@@ -125,6 +127,15 @@ def read_small_file(path: str | Path) -> bytes:
             return bytes(_read_stream(fh, SIDE_FILE_MAX_BYTES, first, sniff=False)).removeprefix(b"\xef\xbb\xbf")
         except TraceError:  # too large
             raise OSError(errno.EFBIG, f"larger than {SIDE_FILE_MAX_BYTES >> 20} MiB") from None
+
+
+def _is_devnull(info: os.stat_result) -> bool:
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(info.st_mode) and (info.st_rdev, info.st_dev, info.st_ino) == (null.st_rdev, null.st_dev,
+                                                                                       null.st_ino)
 
 
 def let_go(data: Buffer, lo: int, hi: int) -> None:
