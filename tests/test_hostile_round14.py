@@ -912,3 +912,28 @@ def test_dev_null_as_a_config_is_no_settings():
     assert nulled.stdout == plain.stdout
     zero = CliRunner().invoke(main, ["lint", trace, "--config", "/dev/zero"])
     assert zero.exit_code == 2 and "not a file or a pipe" in zero.stderr
+
+
+def test_diff_gives_no_verdict_where_a_sides_cpu_events_have_no_duration(tmp_path: Path):
+    # Runtime calls of 0 us: the step without the profiler is replayed from them, and one program's trace was +7.8%
+    # slower than itself, a REGRESSION (exit 1); lint said nothing of the missing times.
+    import gzip
+
+    doc = orjson.loads(gzip.decompress(Path(sample("heldout/resnet18_infer_fp32.plain")).read_bytes()))
+    intact = tmp_path / "intact.json"
+    intact.write_bytes(orjson.dumps(doc))
+    calls = 0
+    for event in doc["traceEvents"]:
+        if event.get("cat") == "cuda_runtime":
+            event["dur"] = 0
+            calls += 1
+    emptied = tmp_path / "emptied.json"
+    emptied.write_bytes(orjson.dumps(doc))
+    result = CliRunner().invoke(main, ["diff", str(emptied), str(intact), "--fail-over", "5", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    step = orjson.loads(result.stdout)["comparisons"][0]["step"]
+    assert step["not_compared"] == (f"not compared: the base trace's {calls} runtime call(s) all last 0 us (the CPU's "
+                                    "times are missing); to compare, capture it again")
+    summary = CliRunner().invoke(main, ["summary", str(emptied), "--format", "json"])
+    assert (f"{calls} runtime call(s) all last 0 us (the CPU's times are missing): the steps replayed without the "
+            "profiler lack the CPU's work") in orjson.loads(summary.stdout)["traces"][0]["notes"]

@@ -14,7 +14,7 @@ from attntrace.model import measured as measured_steps
 from attntrace.model import taxonomy
 from attntrace.model.intervals import busy_us
 from attntrace.model.steps import MAX_SPAN_US
-from attntrace.model.tables import split_trace
+from attntrace.model.tables import Tables, split_trace
 from attntrace.model.trace import Trace, TraceMeta
 from attntrace.read.raw import RawTrace
 
@@ -189,6 +189,20 @@ def _unlinkable_launches(launches: pl.DataFrame) -> list[str]:
             "work they queued is not linked to them"] if lost else []
 
 
+def untimed_host(ops: pl.DataFrame, launches: pl.DataFrame) -> str | None:
+    """What a trace whose CPU events all last 0 us (or none: read as 0) lost: the CPU ops' or the runtime calls'
+    times, from which the step without the profiler is replayed. None when both have some time."""
+    for frame, what in ((ops.filter(pl.col("cat") == "cpu_op"), "CPU op(s)"), (launches, "runtime call(s)")):
+        if frame.height and not (frame["dur"].fill_null(0.0) > 0).any():
+            return f"{frame.height} {what} all last 0 us (the CPU's times are missing)"
+    return None
+
+
+def _untimed_host_note(tables: Tables) -> list[str]:
+    lost = untimed_host(tables.ops, tables.launches)
+    return [f"{lost}: the steps replayed without the profiler lack the CPU's work"] if lost else []
+
+
 def build(raw: RawTrace) -> Trace:
     doc = raw.document
     tables = split_trace(raw)
@@ -219,7 +233,7 @@ def build(raw: RawTrace) -> Trace:
               + ([f'{tables.unclosed} "B" event(s) that no "E" closed ignored'] if tables.unclosed else [])
               + ([f'{tables.untimed} event(s) without a time ("ts") ignored'] if tables.untimed else [])
               + ([f"header field(s) of a type Kineto does not write ignored: {', '.join(odd)}"] if odd else [])
-              + _engulfing_ops(tables.ops) + _unlinkable_launches(tables.launches)
+              + _engulfing_ops(tables.ops) + _unlinkable_launches(tables.launches) + _untimed_host_note(tables)
               + ([measured_note] if measured_note else []),
         incomplete=raw.incomplete,
         measured=measured,
