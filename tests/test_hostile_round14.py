@@ -937,3 +937,18 @@ def test_diff_gives_no_verdict_where_a_sides_cpu_events_have_no_duration(tmp_pat
     summary = CliRunner().invoke(main, ["summary", str(emptied), "--format", "json"])
     assert (f"{calls} runtime call(s) all last 0 us (the CPU's times are missing): the steps replayed without the "
             "profiler lack the CPU's work") in orjson.loads(summary.stdout)["traces"][0]["notes"]
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_trace_with_ustar_at_byte_257_is_no_tar(tmp_path: Path, gzipped: bool):
+    # A string that put "ustar" at byte 257 made a valid trace "a tar archive, not a trace".
+    import gzip
+
+    text = gzip.decompress(Path(sample("bf16_causal_fwd/naive")).read_bytes())
+    prefix = b'{"pad": "'
+    data = prefix + b"a" * (257 - len(prefix)) + b'ustar", ' + text.lstrip()[1:]
+    path = tmp_path / ("t.pt.trace.json.gz" if gzipped else "t.pt.trace.json")
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    result = CliRunner().invoke(main, ["lint", str(path), "--format", "json", "--fail-on", "never", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["summary"]["errors"] == 0

@@ -95,7 +95,9 @@ def other_format(head: bytes, name: str = "FILE", gzipped: bool = False) -> Trac
     if base.endswith(NSYS_REPORT_SUFFIXES):
         return TraceError("unsupported", f"an Nsight Systems report, not a trace (attntrace reads its SQLite export): "
                           f"{nsys_export_command(name)}")
-    if head[257:262] == b"ustar":  # a tar member's header: its name first, the format's magic at 257
+    # A tar member's header: its name first, the format's magic at 257. Text that starts as JSON does is no tar (a
+    # trace with "ustar" at byte 257 of a string was refused as one).
+    if head[257:262] == b"ustar" and not may_be_a_trace(head.removeprefix(b"\xef\xbb\xbf")):
         flags = "xzf" if gzipped else "xf"
         return TraceError("unsupported", f"a tar archive{' (gzip-compressed)' if gzipped else ''}, not a trace: "
                           f"mkdir {stem} && tar -{flags} {file} -C {stem}, then lint {stem}")
