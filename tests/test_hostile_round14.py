@@ -952,3 +952,12 @@ def test_a_trace_with_ustar_at_byte_257_is_no_tar(tmp_path: Path, gzipped: bool)
     result = CliRunner().invoke(main, ["lint", str(path), "--format", "json", "--fail-on", "never", "--jobs", "1"])
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["summary"]["errors"] == 0
+
+
+@pytest.mark.parametrize(("events", "said"), [(b"null", "null"), (b"5", "a number"), (b"{}", "an object"),
+                                               (b'"x"', "a string")])
+def test_a_trace_events_value_that_is_no_list_is_named_by_its_json_type(tmp_path: Path, events: bytes, said: str):
+    # "traceEvents is a NoneType" (or "a int", "a dict"): Python's names, not the file's.
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": ' + events + b"}")
+    assert _first_error(path) == (2, f"error: {path}: traceEvents is {said}, not a list")

@@ -118,6 +118,21 @@ def _decode(path: str, data: Buffer, salvage: bool = False, whole: bool = False)
     raise TraceError("not-json", f"not a JSON object or list (starts with {bytes(data[start:start + 12])!r})")
 
 
+def json_type(value: object) -> str:
+    """A value's type as JSON names it (not Python's: "traceEvents is a NoneType" said nothing to a user)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
 def _closed_array(path: str, data: Buffer) -> RawTrace | None:
     """The array form with no closing ']' after its last complete event, as a process that died leaves it: the
     Trace Event Format makes that ']' optional, so the trace is read as it is, with a note. None when the array
@@ -480,7 +495,7 @@ def _from_builtins(path: str, size: int, document: Any) -> RawTrace:
     if not isinstance(events, list):
         # A document that names its events is a trace that cannot be read, not other JSON beside the traces (a
         # directory scan passes over that one without a word).
-        raise TraceError("bad-trace", f"traceEvents is a {type(events).__name__}, not a list")
+        raise TraceError("bad-trace", f"traceEvents is {json_type(events)}, not a list")
     kept: list[TraceEvent] = []
     dropped = 0
     for item in events:
