@@ -147,6 +147,8 @@ class Report:
 
         # Checked before the inputs' errors decide it: a bad level was 2 with an unreadable input and raised
         # without one; a list was "unhashable type".
+        if fail_on is not None and not isinstance(fail_on, str):
+            raise TypeError(f"fail_on is a level's name ({', '.join(FAIL_ON_LEVELS)}), not {fail_on!r:.60}")
         if fail_on is not None and fail_on not in FAIL_ON_LEVELS:
             raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON_LEVELS)}, not {fail_on!r:.60}")
         return exit_code(self.data, fail_on or self.fail_on)

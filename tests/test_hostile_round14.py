@@ -802,9 +802,12 @@ def test_the_api_refuses_arguments_of_the_wrong_kind_in_its_own_words():
         with pytest.raises(TypeError, match=said):
             call()
     report = attntrace.lint([trace, str(Path(trace).parent / "absent.json")])
-    for level in (["error"], "bogus", ""):  # with an unreadable input too: 2 was returned without a look
+    for level in ("bogus", ""):  # with an unreadable input too: 2 was returned without a look
         with pytest.raises(ValueError, match="fail_on must be one of error, warning, info, never"):
-            report.exit_code(level)  # type: ignore[arg-type]
+            report.exit_code(level)
+    for odd in (["error"], 1):
+        with pytest.raises(TypeError, match="fail_on is a level's name"):
+            report.exit_code(odd)  # type: ignore[arg-type]
     assert report.exit_code("never") == 2
 
 
