@@ -714,7 +714,8 @@ def rules() -> None:
         if group not in (row[0] for row in rows):
             rows.append([group, RULE_GROUPS.get(group, ""), "", ""])
         rows.append([r.id, r.name, r.severity, r.summary])
-    click.echo(tabulate(rows, headers=["id", "name", "severity", "detects"], tablefmt="simple"))
+    # Through _emit, as every command's result: with stdout closed, one line and exit 2 (click.echo wrote nothing, 0).
+    _emit(tabulate(rows, headers=["id", "name", "severity", "detects"], tablefmt="simple") + "\n", None)
 
 
 @main.command(short_help="Print one rule's documentation and parameters.")
@@ -738,7 +739,7 @@ def explain(rule: str) -> None:
     if r.parameters:
         lines.append("## Parameters (set with --set RULE.param=VALUE or [tool.attntrace.rules.RULE])")
         lines += [f"- {p.name} = {p.default!r} {p.unit}: {p.description}" for p in r.parameters.values()]
-    click.echo("\n".join(lines))
+    _emit("\n".join(lines) + "\n", None)
 
 
 # --- diff -----------------------------------------------------------------------------------------

@@ -964,3 +964,12 @@ def test_a_trace_events_value_that_is_no_list_is_named_by_its_json_type(tmp_path
     path = tmp_path / "t.json"
     path.write_bytes(b'{"traceEvents": ' + events + b"}")
     assert _first_error(path) == (2, f"error: {path}: traceEvents is {said}, not a list")
+
+
+@pytest.mark.parametrize("command", [["rules"], ["explain", "AT101"]])
+def test_rules_and_explain_with_stdout_closed_say_so(command: list[str]):
+    # They exited 0 having printed nothing, where lint, diff and summary give one line and exit 2.
+    done = subprocess.run([sys.executable, "-m", "attntrace", *command], stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.close(1), timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["error: stdout is closed: send it to a file (> FILE)"]
