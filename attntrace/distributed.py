@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from attntrace.install import pip_install
-from attntrace.liveness import abandoned, hold
+from attntrace.liveness import hold_folder, remove_abandoned_siblings
 from attntrace.model.loading import InputError, guarded
 from attntrace.read import workers as workers_module
 
@@ -30,22 +30,9 @@ _LOCAL = re.compile(r"^local(?::(\d+))?$")
 # here, not into $TMPDIR for good. Removed when the cluster closes, and by an interrupted run's handler
 # (attntrace.__main__, through remove_scratch) once the workers are stopped.
 _scratch: set[str] = set()
+# Its owner file is held while the cluster runs (liveness.hold_folder): a run killed with SIGKILL removes nothing, and
+# the next local cluster started in the same temporary folder removes the scratch folders no one holds.
 SCRATCH_PREFIX = "attntrace-dask-"
-# Held (liveness.hold) by the run while its cluster runs: a run killed with SIGKILL removes nothing, and the next
-# local cluster started in the same temporary folder removes the scratch folders whose owner file no one holds.
-SCRATCH_OWNER = "attntrace-owner"
-
-
-def _remove_abandoned_scratch(own: str) -> None:
-    """Remove the scratch folders beside `own` that killed runs left: those whose owner file no one holds."""
-    try:
-        entries = [e for e in os.scandir(os.path.dirname(own)) if e.name.startswith(SCRATCH_PREFIX) and e.path != own]
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.is_symlink() and entry.is_dir(follow_symlinks=False) and abandoned(
-                os.path.join(entry.path, SCRATCH_OWNER)):
-            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def remove_scratch() -> None:
@@ -97,9 +84,8 @@ def _client(scheduler: str) -> Iterator[Any]:
         workers_module.mark_temp_dir()  # the folder its spawned workers use: one SIGKILL left goes at the next run
         scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
         _scratch.add(scratch)
-        owner = os.open(os.path.join(scratch, SCRATCH_OWNER), os.O_RDONLY | os.O_CREAT, 0o600)
-        hold(owner)
-        _remove_abandoned_scratch(scratch)
+        owner = hold_folder(scratch)
+        remove_abandoned_siblings(scratch, SCRATCH_PREFIX)
         try:
             with dask.config.set({"logging.distributed": "critical", "temporary-directory": scratch}):
                 workers = int(local.group(1) or os.cpu_count() or 1)

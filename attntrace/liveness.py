@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 
 try:
     import fcntl
@@ -38,3 +39,28 @@ def abandoned(path: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+# The file inside a folder a run made (its multiprocessing folder, a local cluster's scratch folder) that the run
+# holds while it lives: a folder whose owner file no one holds was left by a killed run.
+FOLDER_OWNER = "attntrace-owner"
+
+
+def hold_folder(folder: str) -> int:
+    """Create and hold `folder`'s owner file; returns its descriptor, held while it stays open. Raises OSError."""
+    fd = os.open(os.path.join(folder, FOLDER_OWNER), os.O_RDONLY | os.O_CREAT, 0o600)
+    hold(fd)
+    return fd
+
+
+def remove_abandoned_siblings(folder: str, prefix: str) -> None:
+    """Remove the folders beside `folder` named prefix* whose owner file no one holds (never a link, never one
+    without an owner file: a folder a run is still making, or one that is not attntrace's)."""
+    try:
+        entries = [e for e in os.scandir(os.path.dirname(folder)) if e.name.startswith(prefix) and e.path != folder]
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.is_symlink() and entry.is_dir(follow_symlinks=False) and abandoned(
+                os.path.join(entry.path, FOLDER_OWNER)):
+            shutil.rmtree(entry.path, ignore_errors=True)

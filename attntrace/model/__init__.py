@@ -192,9 +192,12 @@ def _unlinkable_launches(launches: pl.DataFrame) -> list[str]:
 def untimed_host(ops: pl.DataFrame, launches: pl.DataFrame) -> str | None:
     """What a trace whose CPU events all last 0 us (or none: read as 0) lost: the CPU ops' or the runtime calls'
     times, from which the step without the profiler is replayed. None when both have some time."""
-    for frame, what in ((ops.filter(pl.col("cat") == "cpu_op"), "CPU op(s)"), (launches, "runtime call(s)")):
-        if frame.height and not (frame["dur"].fill_null(0.0) > 0).any():
-            return f"{frame.height} {what} all last 0 us (the CPU's times are missing)"
+    missing = "all last 0 us (the CPU's times are missing)"
+    cpu_ops = ops["cat"] == "cpu_op"  # a mask, not a filtered copy of the ops with all their columns
+    if cpu_ops.any() and not (cpu_ops & (ops["dur"].fill_null(0.0) > 0)).any():
+        return f"{int(cpu_ops.sum())} CPU op(s) {missing}"
+    if launches.height and not (launches["dur"].fill_null(0.0) > 0).any():
+        return f"{launches.height} runtime call(s) {missing}"
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from attntrace.read import workers
 from attntrace.read.encodings import GZIP_MAGIC, gunzip, may_be_a_trace, other_format, wide_codec
-from attntrace.read.errors import TraceError
+from attntrace.read.errors import NUL_IN_PATH, TraceError
 from attntrace.read.raw import DEFAULT_MAX_BYTES, Buffer, FileIdentity
 
 STREAM_CHUNK = 1 << 20
@@ -46,8 +46,8 @@ def load_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = Fa
             data = _read_stream(sys.stdin.buffer, max_bytes)
         elif sources.is_url(path):
             data = sources.read_bytes(path, max_bytes, may_be_a_trace)
-        elif "\0" in path:  # os.open's ValueError ("embedded null byte") was an internal error
-            raise TraceError("unreadable", "the path holds a NUL byte, which no file name can")
+        elif "\0" in path:
+            raise TraceError("unreadable", NUL_IN_PATH)
         else:
             fh, first = _open(path)
             with fh:

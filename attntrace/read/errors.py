@@ -7,6 +7,8 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 # The names torch.profiler's tensorboard_trace_handler and export_chrome_trace examples give: a file so named that
 # cannot be read is a broken trace, never other JSON that a directory scan passes over.
 PROFILER_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+# Only the API can be given such a path: os calls raised "embedded null byte", which named no input.
+NUL_IN_PATH = "the path holds a NUL byte, which no file name can"
 
 
 class TraceError(Exception):

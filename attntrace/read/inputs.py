@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attntrace.read.encodings import NSYS_REPORT_SUFFIXES, nsys_export_command
-from attntrace.read.errors import TRACE_SUFFIXES, TraceError
+from attntrace.read.errors import NUL_IN_PATH, TRACE_SUFFIXES, TraceError
 
 _GLOB = re.compile(r"[*?\[]")
 # Nsight Systems exports (read/nsys.py) found in a directory; one of another program is passed over there.
 EXPORT_SUFFIXES = (".sqlite",)
-NUL_IN_PATH = "the path holds a NUL byte, which no file name can"
 
 
 def input_roots(paths: list[str]) -> tuple[str, ...]:
@@ -80,7 +79,7 @@ def _discover(paths: list[str]) -> Iterator[tuple[str, str | None] | TraceError]
         if not given:  # an unset shell variable ("$TRACE"): Path("") is the current directory, which it never meant
             yield TraceError("usage", "an empty path", path=given)
             continue
-        if "\0" in given:  # only through the API: os calls raised "embedded null byte", naming no input
+        if "\0" in given:
             yield TraceError("usage", NUL_IN_PATH, path=given)
             continue
         if given == "-":

@@ -160,9 +160,7 @@ def _wal_without_pending_pages(path: str) -> bool:
     try:
         with open(path, "rb") as file:
             header = file.read(20)
-        wal = f"{path}-wal"
-        return len(header) == 20 and header[18:20] == b"\x02\x02" and (not os.path.exists(wal)
-                                                                       or os.path.getsize(wal) == 0)
+        return len(header) == 20 and header[18:20] == b"\x02\x02" and not _pages_in(f"{path}-wal")
     except OSError:
         return False
 

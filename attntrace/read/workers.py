@@ -24,7 +24,7 @@ from types import TracebackType
 
 from attntrace import late_signals
 from attntrace.cores import POLARS_THREADS_ENV, START_CORES, cores_now, polars_threads, threads_chosen_here
-from attntrace.liveness import abandoned, hold
+from attntrace.liveness import hold_folder, remove_abandoned_siblings
 
 # What the server imports before it forks any worker: the decoding and polars (the rest of a --jobs worker's
 # imports are light; preloading them too delayed the first decoding worker by 0.3 s).
@@ -371,7 +371,6 @@ def warm_up_for(paths: Iterable[str], piece_bytes: int) -> None:
 # KILL`, the OOM killer) stays: nothing of the run is left to remove it. The folder that attntrace made holds an
 # owner file that its process (and the server and workers it forks) hold while they run (liveness.hold); the next
 # run that starts a server removes the folders whose owner file no one holds.
-FOLDER_OWNER = "attntrace-owner"
 _owner_fd: int | None = None  # kept open for the process's life: the hold ends with it
 _own_folder: dict[int, str | None] = {}  # by process: its multiprocessing folder, where attntrace made it
 
@@ -406,18 +405,10 @@ def _sweep_and_mark(folder: str) -> None:
     if _owner_fd is not None:
         return
     try:
-        _owner_fd = os.open(os.path.join(folder, FOLDER_OWNER), os.O_RDONLY | os.O_CREAT, 0o600)
+        _owner_fd = hold_folder(folder)
     except OSError:
         return
-    hold(_owner_fd)
-    try:
-        entries = [e for e in os.scandir(os.path.dirname(folder)) if e.name.startswith("pymp-") and e.path != folder]
-    except OSError:
-        return
-    for entry in entries:
-        owner = os.path.join(entry.path, FOLDER_OWNER)
-        if not entry.is_symlink() and entry.is_dir(follow_symlinks=False) and abandoned(owner):
-            shutil.rmtree(entry.path, ignore_errors=True)
+    remove_abandoned_siblings(folder, "pymp-")
 
 
 def warm_up(threads: int = 1, strict: bool = False) -> None:
